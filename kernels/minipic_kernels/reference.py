@@ -1,0 +1,92 @@
+"""Torch reference for paged attention over unrotated keys with span windows.
+
+This is the contract every MiniPIC attention kernel implements, written for
+clarity rather than speed. vLLM's CPU path uses it directly; the Triton kernel
+is tested against it.
+
+Conventions (shared with the Triton kernel):
+- ``query``: ``(num_tokens, num_q_heads, head_size)``, already rotated by the model
+  at its position (the position of query token ``i`` of request ``r`` is
+  ``seq_lens[r] - query_len[r] + i``).
+- ``key_cache`` / ``value_cache``: ``(num_blocks, block_size, num_kv_heads,
+  head_size)``, any strides (vLLM hands out strided views of one packed tensor).
+  Keys are *unrotated*.
+- ``cos_sin``: ``(max_positions, rotary_dim)`` float32, ``cat(cos, sin)`` halves,
+  the same layout as vLLM's ``cos_sin_cache``.
+- Key ``j`` of a request is rotated by position ``j``; a query at position ``p`` in
+  logical block ``p // block_size`` attends keys ``window_start .. p``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minipic_kernels.block_kinds import window_starts_per_block
+
+
+def rotate(
+    x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, is_neox: bool
+) -> torch.Tensor:
+    """Apply RoPE to ``x`` ``(tokens, heads, head_size)`` at ``positions``; returns float32."""
+    cos, sin = cos_sin.index_select(0, positions.long()).float().chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    x = x.float()
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return torch.cat((rotated, rest), dim=-1)
+
+
+def paged_rope_attention_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_kind: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    is_neox: bool,
+    scale: float,
+    output: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of each request's query rows over its paged, unrotated keys.
+
+    Returns ``output`` (allocated like ``query`` when not given) holding
+    ``(num_tokens, num_q_heads, head_size)`` results in ``query.dtype``.
+    """
+    if output is None:
+        output = torch.empty_like(query)
+    block_size = key_cache.shape[1]
+    num_q_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    windows = window_starts_per_block(block_table, block_kind, block_size)
+    starts = query_start_loc.tolist()
+    for r, seq_len in enumerate(seq_lens.tolist()):
+        q_begin, q_end = starts[r], starts[r + 1]
+        if q_end == q_begin:
+            continue
+        num_blocks = -(-seq_len // block_size)
+        blocks = block_table[r, :num_blocks].long()
+        keys = key_cache[blocks].reshape(-1, num_kv_heads, key_cache.shape[-1])[:seq_len]
+        values = value_cache[blocks].reshape(-1, num_kv_heads, value_cache.shape[-1])[:seq_len]
+        key_positions = torch.arange(seq_len, device=query.device)
+        keys = rotate(keys, key_positions, cos_sin, rotary_dim, is_neox)
+        q_positions = torch.arange(seq_len - (q_end - q_begin), seq_len, device=query.device)
+        window = windows[r, q_positions // block_size]
+        allowed = (key_positions[None, :] <= q_positions[:, None]) & (
+            key_positions[None, :] >= window[:, None]
+        )
+        q = query[q_begin:q_end].float().transpose(0, 1)  # (Hq, Lq, D)
+        k = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, Lk, D)
+        v = values.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = torch.matmul(q, k.transpose(1, 2)) * scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        output[q_begin:q_end] = torch.matmul(probs, v).transpose(0, 1).to(output.dtype)
+    return output
