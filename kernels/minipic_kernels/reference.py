@@ -54,18 +54,26 @@ def paged_rope_attention_reference(
     is_neox: bool,
     scale: float,
     output: torch.Tensor | None = None,
+    *,
+    window_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged, unrotated keys.
 
-    Returns ``output`` (allocated like ``query`` when not given) holding
-    ``(num_tokens, num_q_heads, head_size)`` results in ``query.dtype``.
+    ``window_starts`` (from `window_starts_per_block`) may be passed when the
+    caller already derived them for this step. Returns ``output`` (allocated like
+    ``query`` when not given) holding ``(num_tokens, num_q_heads, head_size)``
+    results in ``query.dtype``.
     """
     if output is None:
         output = torch.empty_like(query)
     block_size = key_cache.shape[1]
     num_q_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    windows = window_starts_per_block(block_table, block_kind, block_size)
+    windows = (
+        window_starts
+        if window_starts is not None
+        else window_starts_per_block(block_table, block_kind, block_size)
+    )
     starts = query_start_loc.tolist()
     for r, seq_len in enumerate(seq_lens.tolist()):
         q_begin, q_end = starts[r], starts[r + 1]

@@ -6,6 +6,8 @@ still run ``minipic batch`` and ``minipic rag``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 app = typer.Typer(
@@ -38,11 +40,19 @@ def _root(
 def serve(
     ctx: typer.Context,
     model: str = typer.Argument(..., help="Model path or Hugging Face name."),
+    ssep_token_id: Optional[int] = typer.Option(None, help="SSep marker id (default: from the tokenizer)."),
+    pdep_token_id: Optional[int] = typer.Option(None, help="PDep marker id (default: from the tokenizer)."),
+    pad_token_id: Optional[int] = typer.Option(None, help="Pad id (default: from the tokenizer)."),
 ) -> None:
-    """Start vLLM's OpenAI-compatible server with PIC active. Extra args go to vLLM."""
+    """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
+    from minipic_server.markers import MarkerIds
     from minipic_server.serve import serve_main
 
-    serve_main(model, list(ctx.args))
+    given = (ssep_token_id, pdep_token_id, pad_token_id)
+    if any(v is not None for v in given) and None in given:
+        raise typer.BadParameter("give all three of --ssep-token-id, --pdep-token-id, --pad-token-id")
+    markers = MarkerIds(*given) if None not in given else None
+    serve_main(model, list(ctx.args), markers)
 
 
 @app.command("make-tiny-model")

@@ -1,0 +1,44 @@
+"""Route attention to MiniPIC's backends while PIC is active, and refuse any other choice."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vllm.config import get_current_vllm_config
+from vllm.platforms import current_platform
+
+from minipic_server.config import MiniPICConfigError, pic_config_of
+
+CPU_BACKEND = "minipic_server.backends.cpu.PicCpuAttentionBackend"
+CUDA_BACKEND = "minipic_server.backends.cuda.PicTritonAttentionBackend"
+
+
+def _backend_for_platform() -> str:
+    if current_platform.is_cpu():
+        return CPU_BACKEND
+    if current_platform.is_cuda():
+        return CUDA_BACKEND
+    raise MiniPICConfigError(f"MiniPIC has no attention backend for {current_platform.device_name}")
+
+
+def install() -> None:
+    """Wrap the platform's backend choice once per process."""
+    platform_cls = type(current_platform)
+    if getattr(platform_cls, "_minipic_installed", False):
+        return
+    original = platform_cls.get_attn_backend_cls
+
+    @functools.wraps(original)
+    def get_attn_backend_cls(selected_backend: Any, *args: Any, **kwargs: Any) -> str:
+        if pic_config_of(get_current_vllm_config()) is None:
+            return original(selected_backend, *args, **kwargs)
+        if selected_backend is not None and selected_backend.name not in ("CUSTOM", "CPU_ATTN"):
+            raise MiniPICConfigError(
+                f"--attention-backend {selected_backend.name} cannot be used with MiniPIC: "
+                "PIC needs its own attention (unrotated keys, span windows); drop the flag"
+            )
+        return _backend_for_platform()
+
+    platform_cls.get_attn_backend_cls = staticmethod(get_attn_backend_cls)
+    platform_cls._minipic_installed = True

@@ -1,0 +1,1 @@
+"""Attention backends that read unrotated keys and honour span windows."""

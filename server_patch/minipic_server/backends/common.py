@@ -1,0 +1,97 @@
+"""Pieces shared by MiniPIC's CPU and CUDA attention backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.v1.attention.backend import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
+
+from minipic_server.config import MiniPICConfigError
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """What a backend needs to rotate keys exactly as the model's rotary embedding would."""
+
+    cos_sin: torch.Tensor  # (max_positions, rotary_dim) float32, cat(cos, sin)
+    rotary_dim: int
+    is_neox: bool
+
+
+@dataclass
+class PicAttentionMetadata:
+    """Per-step metadata; ``block_kind``/``window_starts`` are filled by the step recorder."""
+
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_kind: torch.Tensor | None = None
+    window_starts: torch.Tensor | None = None
+
+
+class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
+    """Copies what attention needs out of vLLM's common metadata; windows come later in the step."""
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> PicAttentionMetadata:
+        m = common_attn_metadata
+        return PicAttentionMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            block_size=self.block_size,
+            query_start_loc=m.query_start_loc,
+            seq_lens=m.seq_lens,
+            block_table=m.block_table_tensor,
+            slot_mapping=m.slot_mapping,
+        )
+
+
+def refuse_unsupported_features(
+    *,
+    alibi_slopes: Any,
+    sliding_window: Any,
+    logits_soft_cap: Any,
+    attn_type: str,
+    kv_sharing_target_layer_name: Any,
+    sinks: Any,
+    kv_cache_dtype: str,
+) -> None:
+    """Layer features the position-free kernels do not implement."""
+    unsupported = {
+        "ALiBi": alibi_slopes is not None,
+        "sliding windows": sliding_window not in (None, -1),
+        "logits soft-capping": logits_soft_cap not in (None, 0),
+        f"attention type {attn_type}": attn_type != AttentionType.DECODER,
+        "cross-layer KV sharing": kv_sharing_target_layer_name is not None,
+        "attention sinks": sinks is not None,
+        f"kv_cache_dtype={kv_cache_dtype}": kv_cache_dtype != "auto",
+    }
+    found = [name for name, present in unsupported.items() if present]
+    if found:
+        raise MiniPICConfigError(f"MiniPIC attention does not support {', '.join(found)}")
+
+
+def linked_rope(impl: Any) -> RopeSpec:
+    rope = getattr(impl, "pic_rope", None)
+    if rope is None:
+        raise MiniPICConfigError(
+            "MiniPIC attention ran without a linked rotary embedding: the model's layers "
+            "do not expose `rotary_emb` next to `attn`, so keys cannot be rotated"
+        )
+    return rope

