@@ -1,0 +1,81 @@
+"""MiniPIC's client: documents as position-independent spans over a vLLM server.
+
+    async with SpanClient("http://127.0.0.1:8000") as client:
+        r = await client.rag(system="...", docs=["...", "..."], task="...")
+
+`SpanRAG` (the retriever wrapper) is imported on first use, so langchain-core
+is loaded only by those who use it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from minipic_client.client import RagRequest, RagResult, SpanClient
+from minipic_client.config import ServerInfo
+from minipic_client.errors import (
+    APIError,
+    BatchInputError,
+    ConfigError,
+    InvalidDocumentError,
+    MiniPICError,
+    PromptError,
+    PromptTooLongError,
+    RequestError,
+    ServerError,
+    StreamInterruptedError,
+    TransportError,
+)
+from minipic_client.prompt import (
+    BlockAttention,
+    Dependent,
+    Epic,
+    Prefill,
+    PromptLayout,
+    Span,
+    Technique,
+    Text,
+)
+from minipic_client.scheduler import RequestEvent, Strategy
+from minipic_client.transport import RetryPolicy
+
+if TYPE_CHECKING:
+    from minipic_client.retriever import SpanRAG
+
+__all__ = [
+    "APIError",
+    "BatchInputError",
+    "BlockAttention",
+    "ConfigError",
+    "Dependent",
+    "Epic",
+    "InvalidDocumentError",
+    "MiniPICError",
+    "Prefill",
+    "PromptError",
+    "PromptLayout",
+    "PromptTooLongError",
+    "RagRequest",
+    "RagResult",
+    "RequestError",
+    "RequestEvent",
+    "RetryPolicy",
+    "ServerError",
+    "ServerInfo",
+    "Span",
+    "SpanClient",
+    "SpanRAG",
+    "Strategy",
+    "StreamInterruptedError",
+    "Technique",
+    "Text",
+    "TransportError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SpanRAG":
+        from minipic_client.retriever import SpanRAG
+
+        return SpanRAG
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,779 @@
+"""Triton paged attention over unrotated keys with span windows.
+
+Implements exactly the contract of `minipic_kernels.reference.paged_rope_attention_reference`:
+keys sit in vLLM's paged KV cache *unrotated*; each key tile is rotated (RoPE) by its
+index in the current request while it is in registers, and each query row attends only
+to keys in ``[window_start(p), p]``.
+
+Design (one kernel body, two launch shapes):
+
+* Query rows are *packed by GQA group*: a tile of ``BLOCK_M`` rows holds ``BLOCK_Q``
+  query tokens times ``GROUP_P`` query heads that share one kv head, so every key/value
+  tile is loaded and rotated once per kv head rather than once per query head.
+* The rotary part of ``q . k`` is computed as two dots over the halves (neox) or the
+  even/odd lanes (gptj): ``q1 . (k1 c - k2 s) + q2 . (k2 c + k1 s)`` (plus one dot over
+  the pass-through lanes for a partial ``rotary_dim``), so no lane shuffles are needed.
+* The key range of a query tile is ``[min window start, last query position]``: tiles
+  wholly below every row's window or above the causal limit are never visited (a prompt
+  of independent spans costs time linear in the number of spans). Inside that range the
+  tiles that no row masks run a mask-free loop; only the edges apply the mask.
+* Prefill launch: grid ``(query tiles, kv heads, key splits)``; the tile -> request
+  mapping is a binary search over ``query_start_loc`` inside the kernel, so the grid size
+  is an upper bound computed from Python ints (no host sync, CUDA-graph safe).
+* Decode launch: one tile per request (requests with at most ``BLOCK_Q`` query tokens),
+  the key range split across ``NUM_SPLITS`` programs whose partial softmax states a
+  second small kernel merges (flash-decoding).
+
+Configurations come from a small fixed list per path, tuned once per shape class and
+cached in-process (never while a CUDA graph is being captured; set
+``MINIPIC_ATTN_AUTOTUNE=0`` to always use the first, default config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from minipic_kernels.block_kinds import window_starts_per_block
+
+__all__ = ["AttentionConfig", "paged_rope_attention", "paged_rope_attention_with_config"]
+
+_LOG2E = 1.4426950408889634
+# Initial running max: finite, so fully masked tiles never produce inf - inf = NaN.
+_NEG_BIG = tl.constexpr(-1.0e30)
+
+
+# --------------------------------------------------------------------------------------
+# Kernel helpers
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _locate_tile(
+    pid,
+    query_start_loc_ptr,
+    num_reqs,
+    BLOCK_Q: tl.constexpr,
+    ONE_TILE_PER_REQ: tl.constexpr,
+):
+    """Map a program index to (request, query tile index within the request).
+
+    Without ``ONE_TILE_PER_REQ`` request ``r`` owns programs starting at
+    ``query_start_loc[r] // BLOCK_Q + r``; that sequence is increasing, so a binary
+    search finds the owner. Programs past a request's last tile exit later.
+    """
+    if ONE_TILE_PER_REQ:
+        req = pid
+        tile = pid * 0
+    else:
+        lo = pid * 0
+        hi = num_reqs - 1 + pid * 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+            go_right = first_tile <= pid
+            lo = tl.where(go_right, mid, lo)
+            hi = tl.where(go_right, hi, mid - 1)
+        req = lo
+        tile = pid - (tl.load(query_start_loc_ptr + req) // BLOCK_Q + req)
+    return req, tile
+
+
+@triton.jit
+def _load_rotary_pair(
+    row_ptr,  # (ROWS,) pointers to element 0 of each row
+    stride_d,
+    row_mask,
+    ROWS: tl.constexpr,
+    ROT_HALF: tl.constexpr,
+    ROT_HALF_P: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    """Load the two rotary lanes of each row: (x1, x2), each (ROWS, ROT_HALF_P).
+
+    neox: x1 = x[:half], x2 = x[half:rot]; gptj: x1 = x[0:rot:2], x2 = x[1:rot:2].
+    """
+    if IS_NEOX:
+        offs = tl.arange(0, ROT_HALF_P)
+        mask = row_mask[:, None] & (offs < ROT_HALF)[None, :]
+        x1 = tl.load(row_ptr[:, None] + offs[None, :] * stride_d, mask=mask, other=0.0)
+        x2 = tl.load(row_ptr[:, None] + (ROT_HALF + offs)[None, :] * stride_d, mask=mask, other=0.0)
+    else:
+        # One contiguous load of the interleaved lanes, then split even/odd in registers.
+        offs = tl.arange(0, 2 * ROT_HALF_P)
+        mask = row_mask[:, None] & (offs < 2 * ROT_HALF)[None, :]
+        x = tl.load(row_ptr[:, None] + offs[None, :] * stride_d, mask=mask, other=0.0)
+        x1, x2 = tl.split(tl.reshape(x, (ROWS, ROT_HALF_P, 2)))
+    return x1, x2
+
+
+@triton.jit
+def _attend_key_range(
+    acc,
+    m_i,
+    l_i,
+    q1,
+    q2,
+    q3,
+    q_pos,
+    win_start,
+    key_begin,
+    key_end,
+    seq_len,
+    qk_scale,
+    bt_row_ptr,
+    stride_btb,
+    k_head_ptr,
+    v_head_ptr,
+    stride_kb,
+    stride_ks,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vd,
+    cos_sin_ptr,
+    stride_cs,
+    MASKED: tl.constexpr,
+    HEAD: tl.constexpr,
+    HEAD_P: tl.constexpr,
+    ROT_HALF: tl.constexpr,
+    ROT_HALF_P: tl.constexpr,
+    PASS: tl.constexpr,
+    PASS_P: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online-softmax attention of the query tile over keys [key_begin, key_end).
+
+    ``MASKED=False`` is only used on tiles every row may fully attend to, with every
+    key index < seq_len: no masks at all on that path.
+    """
+    offs_n_base = tl.arange(0, BLOCK_N)
+    offs_v = tl.arange(0, HEAD_P)
+    offs_pass = tl.arange(0, PASS_P)
+    offs_half = tl.arange(0, ROT_HALF_P)
+    half_mask = offs_half < ROT_HALF
+    for n0 in range(key_begin, key_end, BLOCK_N):
+        offs_n = n0 + offs_n_base
+        if MASKED:
+            key_ok = offs_n < seq_len
+        else:
+            key_ok = offs_n_base < BLOCK_N  # all true; folded away
+        # Paged gather: physical block of every key row.
+        phys = tl.load(bt_row_ptr + (offs_n // KV_BLOCK_SIZE) * stride_btb, mask=key_ok, other=0)
+        slot = offs_n % KV_BLOCK_SIZE
+        k_rows = k_head_ptr + phys.to(tl.int64) * stride_kb + slot * stride_ks
+        v_rows = v_head_ptr + phys.to(tl.int64) * stride_vb + slot * stride_vs
+
+        # Rotate the key tile by each key's index in the request (fp32 math).
+        k1, k2 = _load_rotary_pair(k_rows, stride_kd, key_ok, BLOCK_N, ROT_HALF, ROT_HALF_P, IS_NEOX)
+        cs_rows = cos_sin_ptr + offs_n * stride_cs
+        cs_mask = key_ok[:, None] & half_mask[None, :]
+        cos = tl.load(cs_rows[:, None] + offs_half[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+        sin = tl.load(cs_rows[:, None] + (ROT_HALF + offs_half)[None, :], mask=cs_mask, other=0.0).to(
+            tl.float32
+        )
+        k1f = k1.to(tl.float32)
+        k2f = k2.to(tl.float32)
+        k1r = (k1f * cos - k2f * sin).to(k1.dtype)
+        k2r = (k2f * cos + k1f * sin).to(k1.dtype)
+
+        qk = tl.dot(q1, tl.trans(k1r), input_precision=DOT_PRECISION)
+        qk = tl.dot(q2, tl.trans(k2r), qk, input_precision=DOT_PRECISION)
+        if PASS > 0:
+            pass_mask = key_ok[:, None] & (offs_pass < PASS)[None, :]
+            k3 = tl.load(
+                k_rows[:, None] + (2 * ROT_HALF + offs_pass)[None, :] * stride_kd, mask=pass_mask, other=0.0
+            )
+            qk = tl.dot(q3, tl.trans(k3), qk, input_precision=DOT_PRECISION)
+        qk = qk * qk_scale
+        if MASKED:
+            allowed = (
+                (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None]) & key_ok[None, :]
+            )
+            qk = tl.where(allowed, qk, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v_mask = key_ok[:, None] & (offs_v < HEAD)[None, :]
+        else:
+            v_mask = (offs_v < HEAD)[None, :]
+        v = tl.load(v_rows[:, None] + offs_v[None, :] * stride_vd, mask=v_mask, other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+# --------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _paged_rope_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    block_table_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    window_starts_ptr,
+    cos_sin_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    qk_scale,
+    num_reqs,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_btr,
+    stride_btb,
+    stride_wsr,
+    stride_wsb,
+    stride_cs,
+    HEAD: tl.constexpr,  # head_size
+    HEAD_P: tl.constexpr,  # head_size rounded up to a power of two
+    ROT_HALF: tl.constexpr,  # rotary_dim // 2
+    ROT_HALF_P: tl.constexpr,
+    PASS: tl.constexpr,  # head_size - rotary_dim (lanes not rotated)
+    PASS_P: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per kv head
+    GROUP_P: tl.constexpr,  # GROUP rounded up to a power of two
+    KV_BLOCK_SIZE: tl.constexpr,  # tokens per paged KV block
+    BLOCK_M: tl.constexpr,  # query rows per tile = BLOCK_Q tokens x GROUP_P heads
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys per tile
+    NUM_SPLITS: tl.constexpr,  # key-range splits (partials merged by _merge_splits_kernel)
+    ONE_TILE_PER_REQ: tl.constexpr,  # decode launch: program x = request
+    SKIP_QLEN_LE: tl.constexpr,  # tile launch: leave requests with q_len <= this to decode
+    REVERSE_TILES: tl.constexpr,  # launch the (longest) last query tiles first
+    DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if REVERSE_TILES:
+        pid = tl.num_programs(0) - 1 - pid
+    req, tile = _locate_tile(pid, query_start_loc_ptr, num_reqs, BLOCK_Q, ONE_TILE_PER_REQ)
+
+    q_begin = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
+    if ONE_TILE_PER_REQ:
+        if (q_len > BLOCK_Q) | (q_len == 0):
+            return
+    else:
+        if (q_len <= SKIP_QLEN_LE) | (tile * BLOCK_Q >= q_len):
+            return
+    seq_len = tl.load(seq_lens_ptr + req)
+    ctx_len = seq_len - q_len
+
+    # Rows: token (tile * BLOCK_Q + m // GROUP_P) of the request, head m % GROUP_P of the group.
+    offs_m = tl.arange(0, BLOCK_M)
+    row_tok = tile * BLOCK_Q + offs_m // GROUP_P
+    row_head = offs_m % GROUP_P
+    row_valid = (row_tok < q_len) & (row_head < GROUP)
+    q_pos = ctx_len + row_tok
+    q_head = kv_head * GROUP + row_head
+    win_start = tl.load(
+        window_starts_ptr + req * stride_wsr + (q_pos // KV_BLOCK_SIZE) * stride_wsb, mask=row_valid, other=0
+    )
+
+    # Key range of the tile: from the lowest window start to the last query position.
+    first_pos = ctx_len + tile * BLOCK_Q
+    last_pos = tl.minimum(ctx_len + (tile + 1) * BLOCK_Q, seq_len) - 1
+    min_ws = tl.min(tl.where(row_valid, win_start, seq_len), 0)
+    max_ws = tl.max(tl.where(row_valid, win_start, 0), 0)
+    key_lo = (min_ws // BLOCK_N) * BLOCK_N
+    key_hi = last_pos + 1
+    if NUM_SPLITS > 1:
+        tiles_per_split = tl.cdiv(tl.cdiv(key_hi - key_lo, BLOCK_N), NUM_SPLITS)
+        split_lo = key_lo + split * tiles_per_split * BLOCK_N
+        key_hi = tl.minimum(key_hi, split_lo + tiles_per_split * BLOCK_N)
+        key_lo = tl.minimum(split_lo, key_hi)
+    # Tiles in [full_lo, full_hi) are allowed for every row: no mask there.
+    full_lo = tl.cdiv(max_ws, BLOCK_N) * BLOCK_N
+    full_hi = ((first_pos + 1) // BLOCK_N) * BLOCK_N
+    unmasked_lo = tl.minimum(tl.maximum(full_lo, key_lo), key_hi)
+    unmasked_hi = tl.minimum(tl.maximum(full_hi, unmasked_lo), key_hi)
+
+    # Query tile, split into the two rotary lane sets and the pass-through lanes.
+    q_rows = q_ptr + (q_begin + row_tok).to(tl.int64) * stride_qt + q_head * stride_qh
+    q1, q2 = _load_rotary_pair(q_rows, stride_qd, row_valid, BLOCK_M, ROT_HALF, ROT_HALF_P, IS_NEOX)
+    offs_pass = tl.arange(0, PASS_P)
+    if PASS > 0:
+        q3 = tl.load(
+            q_rows[:, None] + (2 * ROT_HALF + offs_pass)[None, :] * stride_qd,
+            mask=row_valid[:, None] & (offs_pass < PASS)[None, :],
+            other=0.0,
+        )
+    else:
+        q3 = q1  # unused
+
+    acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    bt_row_ptr = block_table_ptr + req.to(tl.int64) * stride_btr
+    k_head_ptr = k_ptr + kv_head * stride_kh
+    v_head_ptr = v_ptr + kv_head * stride_vh
+    # Masked edge below (window starts), mask-free middle, masked edge above (causal).
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q1, q2, q3, q_pos, win_start, key_lo, unmasked_lo, seq_len, qk_scale,
+        bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
+        stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
+        True, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, KV_BLOCK_SIZE, BLOCK_N,
+        DOT_PRECISION,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q1, q2, q3, q_pos, win_start, unmasked_lo, unmasked_hi, seq_len, qk_scale,
+        bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
+        stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
+        False, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, KV_BLOCK_SIZE, BLOCK_N,
+        DOT_PRECISION,
+    )  # fmt: skip
+    acc, m_i, l_i = _attend_key_range(
+        acc, m_i, l_i, q1, q2, q3, q_pos, win_start, unmasked_hi, key_hi, seq_len, qk_scale,
+        bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
+        stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
+        True, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, KV_BLOCK_SIZE, BLOCK_N,
+        DOT_PRECISION,
+    )  # fmt: skip
+
+    offs_d = tl.arange(0, HEAD_P)
+    if NUM_SPLITS == 1:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]
+        o_rows = out_ptr + (q_begin + row_tok).to(tl.int64) * stride_ot + q_head * stride_oh
+        tl.store(
+            o_rows[:, None] + offs_d[None, :] * stride_od,
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & (offs_d < HEAD)[None, :],
+        )
+    else:
+        slot = (pid * tl.num_programs(1) + kv_head) * NUM_SPLITS + split
+        acc_ptrs = part_acc_ptr + slot.to(tl.int64) * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :]
+        tl.store(acc_ptrs, acc)
+        ml_ptrs = part_ml_ptr + slot.to(tl.int64) * (2 * BLOCK_M) + offs_m
+        tl.store(ml_ptrs, m_i)
+        tl.store(ml_ptrs + BLOCK_M, l_i)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    query_start_loc_ptr,
+    num_reqs,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    HEAD: tl.constexpr,
+    HEAD_P: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    ONE_TILE_PER_REQ: tl.constexpr,
+    SKIP_QLEN_LE: tl.constexpr,
+):
+    """Merge the NUM_SPLITS partial softmax states of one (query tile, kv head)."""
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req, tile = _locate_tile(pid, query_start_loc_ptr, num_reqs, BLOCK_Q, ONE_TILE_PER_REQ)
+    q_begin = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
+    if ONE_TILE_PER_REQ:
+        if (q_len > BLOCK_Q) | (q_len == 0):
+            return
+    else:
+        if (q_len <= SKIP_QLEN_LE) | (tile * BLOCK_Q >= q_len):
+            return
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_P)
+    row_tok = tile * BLOCK_Q + offs_m // GROUP_P
+    row_head = offs_m % GROUP_P
+    row_valid = (row_tok < q_len) & (row_head < GROUP)
+
+    acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
+    m_run = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
+    l_run = tl.zeros([BLOCK_M], dtype=tl.float32)
+    base = (pid * tl.num_programs(1) + kv_head) * NUM_SPLITS
+    for s in range(NUM_SPLITS):
+        slot = (base + s).to(tl.int64)
+        m_s = tl.load(part_ml_ptr + slot * (2 * BLOCK_M) + offs_m)
+        l_s = tl.load(part_ml_ptr + slot * (2 * BLOCK_M) + BLOCK_M + offs_m)
+        acc_s = tl.load(part_acc_ptr + slot * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :])
+        m_new = tl.maximum(m_run, m_s)
+        a = tl.math.exp2(m_run - m_new)
+        b = tl.math.exp2(m_s - m_new)
+        acc = acc * a[:, None] + acc_s * b[:, None]
+        l_run = l_run * a + l_s * b
+        m_run = m_new
+    l_safe = tl.where(l_run == 0.0, 1.0, l_run)
+    out = acc / l_safe[:, None]
+    q_head = kv_head * GROUP + row_head
+    o_rows = out_ptr + (q_begin + row_tok).to(tl.int64) * stride_ot + q_head * stride_oh
+    tl.store(
+        o_rows[:, None] + offs_d[None, :] * stride_od,
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & (offs_d < HEAD)[None, :],
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Configurations
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Launch shape of one path. ``block_m`` counts packed rows (tokens x group heads)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int | None = None  # None: chosen from the grid size
+
+
+# Small fixed lists; the first entry is the default (used untuned).
+_PREFILL_CONFIGS = {
+    "small_head": (  # head_size <= 128
+        AttentionConfig(128, 64, 8, 3),
+        AttentionConfig(128, 128, 8, 2),
+        AttentionConfig(64, 64, 4, 3),
+        AttentionConfig(128, 32, 4, 3),
+    ),
+    "large_head": (  # head_size > 128
+        AttentionConfig(64, 64, 4, 2),
+        AttentionConfig(128, 64, 8, 2),
+        AttentionConfig(64, 32, 4, 3),
+    ),
+}
+_DECODE_CONFIGS = {
+    "small_head": (
+        AttentionConfig(16, 64, 4, 3),
+        AttentionConfig(16, 128, 4, 3),
+        AttentionConfig(16, 32, 4, 4),
+    ),
+    "large_head": (
+        AttentionConfig(16, 64, 4, 2),
+        AttentionConfig(16, 32, 4, 3),
+    ),
+}
+
+_TUNED: dict[tuple, AttentionConfig] = {}
+_SM_COUNT: dict[int, int] = {}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def _pow2(x: int, minimum: int = 1) -> int:
+    return max(minimum, triton.next_power_of_2(max(1, x)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    num_tokens: int
+    num_reqs: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+    group: int
+    group_p: int
+    kv_block_size: int
+    max_kv_len: int  # upper bound from the block table width
+    max_query_len: int | None
+
+
+def _split_count(programs: int, key_tiles: int, num_sms: int, requested: int | None) -> int:
+    """Key splits so the launch has ~2 programs per SM, each with >= 4 key tiles."""
+    if requested is not None:
+        return max(1, requested)
+    if programs >= num_sms:
+        return 1
+    want = triton.cdiv(2 * num_sms, max(1, programs))
+    most = max(1, key_tiles // 4)
+    return int(max(1, min(want, most, 16)))
+
+
+def _launch(
+    path: str,
+    cfg: AttentionConfig,
+    prob: _Problem,
+    args: dict,
+    out: torch.Tensor,
+    decode_block_q: int,
+):
+    """Launch one path (``"decode"`` or ``"prefill"``) with one configuration."""
+    query, key_cache, value_cache = args["query"], args["key_cache"], args["value_cache"]
+    block_table, window_starts, cos_sin = args["block_table"], args["window_starts"], args["cos_sin"]
+    group_p = prob.group_p
+    block_m = max(cfg.block_m, group_p)
+    if path == "decode":
+        block_m = max(16, group_p)
+        block_q = decode_block_q
+        num_tiles = prob.num_reqs
+        one_tile, skip_le, reverse = True, 0, False
+    else:
+        block_q = block_m // group_p
+        num_tiles = prob.num_tokens // block_q + prob.num_reqs
+        if prob.max_query_len is not None:
+            num_tiles = min(num_tiles, prob.num_reqs * triton.cdiv(prob.max_query_len, block_q))
+        one_tile, skip_le, reverse = False, decode_block_q, True
+    if num_tiles == 0:
+        return
+    key_tiles = triton.cdiv(prob.max_kv_len, cfg.block_n)
+    splits = _split_count(num_tiles * prob.num_kv_heads, key_tiles, _num_sms(query.device), cfg.num_splits)
+    head_p = _pow2(prob.head_size)
+    if splits > 1:
+        slots = num_tiles * prob.num_kv_heads * splits
+        part_acc = torch.empty(slots * block_m * head_p, dtype=torch.float32, device=query.device)
+        part_ml = torch.empty(slots * 2 * block_m, dtype=torch.float32, device=query.device)
+    else:
+        part_acc = part_ml = out  # never touched
+    rot_half = args["rotary_dim"] // 2
+    pass_dim = prob.head_size - 2 * rot_half
+    dot_precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    grid = (num_tiles, prob.num_kv_heads, splits)
+    _paged_rope_attention_kernel[grid](
+        out, query, key_cache, value_cache, block_table, args["query_start_loc"], args["seq_lens"],
+        window_starts, cos_sin, part_acc, part_ml,
+        args["scale"] * _LOG2E, prob.num_reqs,
+        *query.stride(), *out.stride(), *key_cache.stride(), *value_cache.stride(),
+        *block_table.stride(), *window_starts.stride(), cos_sin.stride(0),
+        HEAD=prob.head_size, HEAD_P=head_p,
+        ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
+        PASS=pass_dim, PASS_P=_pow2(pass_dim, 16),
+        IS_NEOX=args["is_neox"], GROUP=prob.group, GROUP_P=group_p,
+        KV_BLOCK_SIZE=prob.kv_block_size,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
+        NUM_SPLITS=splits, ONE_TILE_PER_REQ=one_tile, SKIP_QLEN_LE=skip_le, REVERSE_TILES=reverse,
+        DOT_PRECISION=dot_precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        _merge_splits_kernel[(num_tiles, prob.num_kv_heads)](
+            out, part_acc, part_ml, args["query_start_loc"], prob.num_reqs, *out.stride(),
+            HEAD=prob.head_size, HEAD_P=head_p, GROUP=prob.group, GROUP_P=group_p,
+            BLOCK_M=block_m, BLOCK_Q=block_q, NUM_SPLITS=splits, ONE_TILE_PER_REQ=one_tile,
+            SKIP_QLEN_LE=skip_le, num_warps=4,
+        )  # fmt: skip
+
+
+def _tuning_key(path: str, prob: _Problem, args: dict) -> tuple:
+    q = args["query"]
+    bucket = 0
+    if path == "prefill":
+        bucket = 0 if prob.num_tokens < 2048 else 1
+    else:
+        bucket = 0 if prob.num_reqs * prob.num_kv_heads < _num_sms(q.device) else 1
+    return (
+        path,
+        q.device.index,
+        q.dtype,
+        prob.head_size,
+        args["rotary_dim"],
+        args["is_neox"],
+        prob.group,
+        prob.kv_block_size,
+        bucket,
+    )
+
+
+def _pick_config(path: str, prob: _Problem, args: dict, out: torch.Tensor, decode_block_q: int):
+    family = "small_head" if prob.head_size <= 128 else "large_head"
+    candidates = (_DECODE_CONFIGS if path == "decode" else _PREFILL_CONFIGS)[family]
+    key = _tuning_key(path, prob, args)
+    if key in _TUNED:
+        return _TUNED[key]
+    tune = (
+        os.environ.get("MINIPIC_ATTN_AUTOTUNE", "1") != "0"
+        and not _interpreting()
+        and args["query"].is_cuda
+        and not torch.cuda.is_current_stream_capturing()
+        and len(candidates) > 1
+    )
+    if not tune:
+        return candidates[0]
+    scratch = torch.empty_like(out)
+    best, best_ms = candidates[0], float("inf")
+    for cfg in candidates:
+        try:
+            ms = triton.testing.do_bench(
+                lambda cfg=cfg: _launch(path, cfg, prob, args, scratch, decode_block_q),
+                warmup=5,
+                rep=20,
+                return_mode="median",
+            )
+        except Exception:  # e.g. a config that needs more shared memory than the GPU has
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _TUNED[key] = best
+    return best
+
+
+# --------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------
+
+
+def paged_rope_attention_with_config(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_kind: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    is_neox: bool,
+    scale: float,
+    output: torch.Tensor | None = None,
+    *,
+    max_query_len: int | None = None,
+    window_starts: torch.Tensor | None = None,
+    prefill_config: AttentionConfig | None = None,
+    decode_config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """`paged_rope_attention` with explicit launch configurations (None: tuned/default)."""
+    num_tokens, num_q_heads, head_size = query.shape
+    _, kv_block_size, num_kv_heads, kv_head_size = key_cache.shape
+    if kv_head_size != head_size or value_cache.shape != key_cache.shape:
+        raise ValueError("key_cache/value_cache must be (num_blocks, block_size, num_kv_heads, head_size)")
+    if num_q_heads % num_kv_heads:
+        raise ValueError("num_q_heads must be a multiple of num_kv_heads")
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_size or cos_sin.shape[-1] != rotary_dim:
+        raise ValueError("rotary_dim must be even, <= head_size, and match cos_sin's last dim")
+    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
+        raise ValueError("query, key_cache and value_cache must share a dtype")
+    if output is None:
+        output = torch.empty_like(query)
+    if num_tokens == 0:
+        return output
+    if window_starts is None:
+        window_starts = window_starts_per_block(block_table, block_kind, kv_block_size)
+    group = num_q_heads // num_kv_heads
+    prob = _Problem(
+        num_tokens=num_tokens,
+        num_reqs=seq_lens.shape[0],
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        group=group,
+        group_p=_pow2(group),
+        kv_block_size=kv_block_size,
+        max_kv_len=block_table.shape[1] * kv_block_size,
+        max_query_len=max_query_len,
+    )
+    args = dict(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        window_starts=window_starts,
+        cos_sin=cos_sin,
+        rotary_dim=rotary_dim,
+        is_neox=bool(is_neox),
+        scale=float(scale),
+    )
+    # Requests with at most `decode_block_q` query tokens take the decode launch.
+    decode_block_q = max(16, prob.group_p) // prob.group_p
+    cfg = decode_config or _pick_config("decode", prob, args, output, decode_block_q)
+    _launch("decode", cfg, prob, args, output, decode_block_q)
+    if max_query_len is None or max_query_len > decode_block_q:
+        cfg = prefill_config or _pick_config("prefill", prob, args, output, decode_block_q)
+        _launch("prefill", cfg, prob, args, output, decode_block_q)
+    return output
+
+
+def paged_rope_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_kind: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    is_neox: bool,
+    scale: float,
+    output: torch.Tensor | None = None,
+    *,
+    max_query_len: int | None = None,
+    window_starts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of each request's query rows over its paged, unrotated keys.
+
+    Same semantics as `paged_rope_attention_reference` (see its module docstring):
+    ``query`` ``(num_tokens, num_q_heads, head_size)`` already rotated; ``key_cache`` /
+    ``value_cache`` ``(num_blocks, block_size, num_kv_heads, head_size)`` with any
+    strides; ``block_table`` ``(num_reqs, max_blocks)``; ``query_start_loc``
+    ``(num_reqs + 1,)``; ``seq_lens`` ``(num_reqs,)``; ``block_kind`` per physical
+    block; ``cos_sin`` ``(max_positions, rotary_dim)`` = ``cat(cos, sin)`` (float32,
+    or the model dtype; math is fp32 either way).
+
+    Never syncs with the host: grid sizes come from tensor shapes and ``max_query_len``
+    (an upper bound on query tokens per request, optional: it only lets a decode-only
+    batch skip the prefill launch). ``window_starts`` may be passed precomputed
+    (``window_starts_per_block(block_table, block_kind, block_size)``), e.g. once per
+    step for all layers. ``output`` must not alias the inputs.
+    """
+    return paged_rope_attention_with_config(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        block_kind,
+        cos_sin,
+        rotary_dim,
+        is_neox,
+        scale,
+        output,
+        max_query_len=max_query_len,
+        window_starts=window_starts,
+    )
+

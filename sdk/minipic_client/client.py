@@ -1,0 +1,387 @@
+"""`SpanClient`: RAG and part-built prompts against a MiniPIC server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from minipic_client.config import ServerInfo
+from minipic_client.errors import ConfigError, MiniPICError, PromptError, PromptTooLongError
+from minipic_client.prompt import (
+    BlockAttention,
+    ChatTemplate,
+    Dependent,
+    Part,
+    Prefill,
+    PromptBuilder,
+    PromptLayout,
+    Span,
+    Technique,
+    Text,
+    check_documents,
+)
+from minipic_client.scheduler import RequestEvent, Scheduler, Strategy
+from minipic_client.tokens import TokenCache
+from minipic_client.transport import Connection, RetryPolicy, Usage, usage_of
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger("minipic_client")
+
+DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RagRequest:
+    """One RAG sample: a system prompt, documents (each a span) and a task."""
+
+    task: str
+    docs: Sequence[str] = ()
+    system: str | None = None
+    modules: Sequence[str] = ()
+    technique: Technique = field(default_factory=BlockAttention)
+    raw: bool = False
+    max_tokens: int = 64
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RagResult:
+    """A completion. `ttft_s` runs from the call (or, in `rag_many`, from the
+    sample's start) to the first generated token, prefills and queueing included."""
+
+    text: str
+    token_ids: list[int]
+    ttft_s: float
+    cached_tokens: int | None
+    prompt_tokens: int
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    layout: PromptLayout
+    max_tokens: int
+    temperature: float
+
+    @property
+    def prefills(self) -> Sequence[Prefill]:
+        return self.layout.prefills
+
+
+class _Completion:
+    """Accumulates a streamed completion."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.first_token_at: float | None = None
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+
+    def add(self, event: dict[str, Any]) -> str:
+        """Take one stream event; return its text delta."""
+        delta = ""
+        for choice in event.get("choices") or ():
+            text, ids = choice.get("text") or "", choice.get("token_ids") or ()
+            if self.first_token_at is None and (text or ids):
+                self.first_token_at = time.perf_counter()
+            delta += text
+            self.token_ids.extend(ids)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        self.usage = usage_of(event) or self.usage
+        self.text.append(delta)
+        return delta
+
+    def result(self, started: float, layout: PromptLayout) -> RagResult:
+        first = self.first_token_at if self.first_token_at is not None else time.perf_counter()
+        return RagResult(
+            text="".join(self.text),
+            token_ids=self.token_ids,
+            ttft_s=first - started,
+            cached_tokens=self.usage.cached_tokens if self.usage else None,
+            prompt_tokens=self.usage.prompt_tokens if self.usage else len(layout.token_ids),
+            finish_reason=self.finish_reason,
+        )
+
+
+class SpanClient:
+    """A MiniPIC server's client: lays prompts out as spans, prefills each span
+    once, and sends final prompts under the server's concurrency limit.
+
+    Configuration comes from ``GET /minipic/info`` on `connect` (``async with``
+    does it). The tokenizer is the server's (loaded with ``AutoTokenizer``) unless
+    `tokenizer` names or is another one.
+
+    Server restarts: the client remembers which spans it prefilled. When a final
+    prompt reports fewer cached tokens than its layout promises, it re-reads
+    ``/minipic/info`` (at most every `info_check_interval_s`); a new
+    ``instance_id`` makes it forget its prefills, so the next calls prefill again.
+    A restart that changes the model, tokenizer, block size or markers raises
+    `ConfigError`: prompts built for the old server would be wrong.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        tokenizer: str | os.PathLike[str] | PreTrainedTokenizerBase | None = None,
+        max_in_flight: int | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+        on_request: Callable[[RequestEvent], None] | None = None,
+        info_check_interval_s: float = 1.0,
+    ) -> None:
+        # Requests are bounded by max_in_flight, so the pool itself need not be.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        self._http = httpx.AsyncClient(
+            base_url=base_url, transport=transport, timeout=timeout, limits=limits
+        )
+        self._conn = Connection(self._http, retry)
+        self._tokenizer_arg = tokenizer
+        self._max_in_flight = max_in_flight
+        self._on_request = on_request
+        self._info_check_interval_s = info_check_interval_s
+        self._info_checked_at = float("-inf")
+        self._modules: dict[str, str] = {}
+        self._info: ServerInfo | None = None
+        self._builder: PromptBuilder
+        self._chat: ChatTemplate | None
+        self._scheduler: Scheduler
+        self.tokenizer: PreTrainedTokenizerBase
+
+    async def __aenter__(self) -> SpanClient:
+        try:
+            await self.connect()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def connect(self) -> ServerInfo:
+        """Read the server's info and load the tokenizer."""
+        info = await self._fetch_info()
+        tokenizer = self._tokenizer_arg
+        if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = await asyncio.to_thread(_load_tokenizer, os.fspath(tokenizer or info.tokenizer))
+        if max(info.marker_ids) >= len(tokenizer):
+            raise ConfigError(
+                f"marker ids {sorted(info.marker_ids)} are outside the tokenizer's "
+                f"{len(tokenizer)} tokens: is it the server's tokenizer?"
+            )
+        self.tokenizer = tokenizer
+        self._builder = PromptBuilder(
+            TokenCache(tokenizer, info.marker_ids),
+            block_size=info.block_size,
+            ssep_token_id=info.ssep_token_id,
+            pdep_token_id=info.pdep_token_id,
+            pad_token_id=info.pad_token_id,
+        )
+        self._chat = ChatTemplate(tokenizer) if tokenizer.chat_template else None
+        self._scheduler = Scheduler(
+            self._conn,
+            model=info.model,
+            max_in_flight=self._max_in_flight or info.max_num_seqs,
+            on_request=self._on_request,
+        )
+        self._info = info
+        return info
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    @property
+    def info(self) -> ServerInfo:
+        if self._info is None:
+            raise ConfigError("not connected: use `async with SpanClient(...)` or `await connect()`")
+        return self._info
+
+    def add_module(self, name: str, text: str) -> None:
+        """Prompt Cache: register a named reusable module (a span) for ``rag(modules=[name])``."""
+        check_documents([text])
+        self._modules[name] = text
+
+    def layout(
+        self,
+        parts: Sequence[Part],
+        *,
+        strategy: Strategy = Strategy.ISPS,
+        add_special_tokens: bool = True,
+    ) -> PromptLayout:
+        """Token layout of a part-built prompt; raises `PromptTooLongError` before sending."""
+        max_model_len = self.info.max_model_len
+        layout = self._builder.build(parts, pic=strategy.pic, add_special_tokens=add_special_tokens)
+        if len(layout.token_ids) >= max_model_len:
+            raise PromptTooLongError(len(layout.token_ids), max_model_len)
+        return layout
+
+    def rag_layout(self, request: RagRequest, *, strategy: Strategy = Strategy.ISPS) -> PromptLayout:
+        """Token layout of a RAG prompt: the chat template's turns unless `raw` or the
+        tokenizer has none, then ``[BOS system][modules][documents][PDep task]``."""
+        check_documents(request.docs)
+        if not isinstance(request.task, str) or not request.task.strip():
+            raise PromptError(f"task must be a non-empty string, got {request.task!r}")
+        spans = [Span(self._module(name)) for name in request.modules]
+        spans += [request.technique.span(doc) for doc in request.docs]
+        if self._chat is not None and not request.raw:
+            parts = self._chat.parts(request.system, spans, request.task)
+            return self.layout(parts, strategy=strategy, add_special_tokens=False)
+        head: list[Part] = [Text(request.system)] if request.system else []
+        return self.layout([*head, *spans, Dependent(request.task)], strategy=strategy)
+
+    async def generate(
+        self,
+        parts: Sequence[Part],
+        *,
+        max_tokens: int = 64,
+        temperature: float = 0.0,
+        strategy: Strategy = Strategy.ISPS,
+        add_special_tokens: bool = True,
+    ) -> RagResult:
+        """Complete a prompt built from `Text`, `Span` and `Dependent` parts."""
+        started = time.perf_counter()
+        layout = self.layout(parts, strategy=strategy, add_special_tokens=add_special_tokens)
+        return await self._complete(_Job(layout, max_tokens, temperature), started)
+
+    async def rag(
+        self,
+        *,
+        task: str,
+        docs: Sequence[str] = (),
+        system: str | None = None,
+        modules: Sequence[str] = (),
+        technique: Technique = BlockAttention(),
+        raw: bool = False,
+        max_tokens: int = 64,
+        temperature: float = 0.0,
+        strategy: Strategy = Strategy.ISPS,
+    ) -> RagResult:
+        """Answer `task` over `docs`, each document a span reused across calls.
+
+        A single call prefills its own spans and then sends its final prompt, so
+        ISPS and BATCHED coincide here; BASELINE sends the plain prompt.
+        """
+        started = time.perf_counter()
+        request = RagRequest(task, docs, system, modules, technique, raw, max_tokens, temperature)
+        return await self._complete(self._job(request, strategy), started)
+
+    async def rag_stream(
+        self,
+        *,
+        task: str,
+        docs: Sequence[str] = (),
+        system: str | None = None,
+        modules: Sequence[str] = (),
+        technique: Technique = BlockAttention(),
+        raw: bool = False,
+        max_tokens: int = 64,
+        temperature: float = 0.0,
+        strategy: Strategy = Strategy.ISPS,
+    ) -> AsyncIterator[str]:
+        """`rag`, yielding text deltas as they are generated."""
+        request = RagRequest(task, docs, system, modules, technique, raw, max_tokens, temperature)
+        job = self._job(request, strategy)
+        await self._scheduler.prefill(job.prefills)
+        async with aclosing(self._generate(job, _Completion())) as deltas:
+            async for delta in deltas:
+                if delta:
+                    yield delta
+
+    async def rag_many(
+        self,
+        requests: Iterable[RagRequest],
+        *,
+        strategy: Strategy = Strategy.ISPS,
+        window: int | None = None,
+    ) -> AsyncIterator[tuple[int, RagResult | MiniPICError]]:
+        """Run many samples under `strategy`; yield ``(index, result or error)`` as
+        each finishes. A sample's error does not stop the others. See
+        `Scheduler.run` for `window`."""
+        jobs = (self._job_or_error(request, strategy) for request in requests)
+        outcomes = self._scheduler.run(jobs, strategy, self._complete, window=window)
+        async with aclosing(outcomes):
+            async for outcome in outcomes:
+                yield outcome
+
+    def _module(self, name: str) -> str:
+        try:
+            return self._modules[name]
+        except KeyError:
+            raise PromptError(f"unknown module {name!r}: register it with add_module()") from None
+
+    def _job(self, request: RagRequest, strategy: Strategy) -> _Job:
+        layout = self.rag_layout(request, strategy=strategy)
+        return _Job(layout, request.max_tokens, request.temperature)
+
+    def _job_or_error(self, request: RagRequest, strategy: Strategy) -> _Job | MiniPICError:
+        try:
+            return self._job(request, strategy)
+        except MiniPICError as exc:
+            return exc
+
+    async def _complete(self, job: _Job, started: float) -> RagResult:
+        await self._scheduler.prefill(job.prefills)
+        completion = _Completion()
+        async with aclosing(self._generate(job, completion)) as deltas:
+            async for _ in deltas:
+                pass
+        return completion.result(started, job.layout)
+
+    async def _generate(self, job: _Job, completion: _Completion) -> AsyncIterator[str]:
+        events = self._scheduler.stream(
+            job.layout.token_ids, max_tokens=job.max_tokens, temperature=job.temperature
+        )
+        async with aclosing(events):
+            async for event in events:
+                yield completion.add(event)
+        cached = completion.usage.cached_tokens if completion.usage else None
+        if cached is not None and cached < job.layout.cacheable_tokens:
+            await self._check_restart()
+
+    async def _check_restart(self) -> None:
+        """Forget prefilled spans if the server restarted (rate-limited)."""
+        now = time.monotonic()
+        if now - self._info_checked_at < self._info_check_interval_s:
+            return
+        self._info_checked_at = now
+        info = await self._fetch_info()
+        old = self.info
+        if info.instance_id == old.instance_id:
+            return
+        if info.layout_key != old.layout_key:
+            raise ConfigError(
+                f"the server restarted with a different setup ({old.layout_key} -> "
+                f"{info.layout_key}); create a new SpanClient"
+            )
+        logger.info("server restarted (instance %s): prefilling spans again", info.instance_id)
+        self._scheduler.forget()
+        self._info = info
+
+    async def _fetch_info(self) -> ServerInfo:
+        return ServerInfo.from_json(await self._conn.get_json("/minipic/info"))
+
+
+def _load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot load tokenizer {name!r}: {exc}; pass tokenizer= a local copy of the server's"
+        ) from exc

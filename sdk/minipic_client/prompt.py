@@ -1,0 +1,297 @@
+"""PIC prompts built from parts, laid out on the server's block grid.
+
+A prompt is a list of parts:
+
+- `Text`: continues the current segment (initially the prefix).
+- `Span`: an independent segment ``[SSep text pad..]``. Its blocks hash without
+  the tokens before it, so one prefill serves every prompt that contains it, at
+  any position. A span is closed: text after it must open a `Dependent`.
+- `Dependent`: a segment ``[PDep text ...]`` whose blocks hash (and attend) over
+  the whole prompt before it: the question after detached documents.
+
+Markers act only at block starts, so every segment followed by another is padded
+with the pad token to a block boundary; spans are always padded (their cached
+form must not depend on what follows); the last segment is not.
+
+EPIC/LegoLink (``Span(text, recompute_blocks=k)``): the first ``k*block_size - 1``
+document tokens go after a PDep, so ``[PDep head]`` fills exactly ``k`` blocks
+that are recomputed in context; the rest is an ordinary span ``[SSep tail pad..]``.
+A document no longer than the head is entirely dependent (padded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
+
+from minipic_client.errors import ConfigError, InvalidDocumentError, PromptError
+from minipic_client.tokens import TokenCache, TokenIds
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """Text continuing the current segment. ``template=True``: chat-template text whose
+    special tokens are meant (user text never gets special tokens)."""
+
+    text: str
+    template: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """An independent, reusable segment; ``recompute_blocks`` > 0 selects EPIC for it."""
+
+    text: str
+    recompute_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Dependent:
+    """A segment that depends on everything before it."""
+
+    text: str
+
+
+Part = Text | Span | Dependent
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAttention:
+    """Each document is one span, reused whole (the default technique)."""
+
+    def span(self, text: str) -> Span:
+        return Span(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Epic:
+    """EPIC/LegoLink: the first `k` blocks of each document are recomputed in context."""
+
+    k: int = 1
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"Epic(k={self.k}): k must be at least 1 (k=0 is BlockAttention)")
+
+    def span(self, text: str) -> Span:
+        return Span(text, recompute_blocks=self.k)
+
+
+Technique = BlockAttention | Epic
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Prefill:
+    """A standalone request that caches blocks of a final prompt.
+
+    `key` is a digest of the token ids: cheap to hash and to remember, so the
+    client can deduplicate prefills across calls without keeping the tokens.
+    """
+
+    kind: Literal["prefix", "span"]
+    token_ids: TokenIds
+    key: bytes
+
+    @classmethod
+    def of(cls, kind: Literal["prefix", "span"], token_ids: TokenIds) -> Prefill:
+        digest = hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()
+        return cls(kind, token_ids, digest)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLayout:
+    """A final prompt, the prefills that make its reusable blocks resident, and how
+    many of its tokens the server should then report as cached at least: the
+    leading run of prefilled segments (vLLM's lookup stops at the first miss)."""
+
+    token_ids: list[int]
+    prefills: tuple[Prefill, ...]
+    cacheable_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    token_ids: TokenIds
+    prefill: Prefill | None
+
+
+_Opener = Span | Dependent | None  # None: the prefix segment
+
+
+class PromptBuilder:
+    """Turns parts into token layouts; segments are cached by content, so a warm
+    call only concatenates cached tuples."""
+
+    def __init__(
+        self,
+        tokens: TokenCache,
+        *,
+        block_size: int,
+        ssep_token_id: int,
+        pdep_token_id: int,
+        pad_token_id: int,
+        cache_size: int = 65536,
+    ) -> None:
+        self._tokens = tokens
+        self._block = block_size
+        self._ssep = ssep_token_id
+        self._pdep = pdep_token_id
+        self._pad_id = pad_token_id
+        self._segment = lru_cache(maxsize=cache_size)(self._build_segment)
+
+    def build(
+        self, parts: Sequence[Part], *, pic: bool = True, add_special_tokens: bool = True
+    ) -> PromptLayout:
+        """Lay `parts` out. ``pic=False``: the same text with no markers or padding
+        (the baseline). `add_special_tokens` prepends what the tokenizer puts before
+        text (BOS), like vLLM does for text prompts; chat templates include it."""
+        if not pic:
+            return self._plain(parts, add_special_tokens)
+        groups = _segments(parts)
+        ids: list[int] = []
+        prefills: list[Prefill] = []
+        cacheable = -1  # set where the leading run of prefilled pieces ends
+        last = len(groups) - 1
+        for i, (opener, texts) in enumerate(groups):
+            for piece in self._segment(opener, texts, add_special_tokens and i == 0, i < last):
+                if piece.prefill is not None:
+                    prefills.append(piece.prefill)
+                elif cacheable < 0:
+                    cacheable = len(ids)
+                ids += piece.token_ids
+        # vLLM's lookup stops at the first uncached block (e.g. an EPIC head), and it
+        # always computes the last token, so a fully cached prompt recomputes a block.
+        limit = max(len(ids) - 1, 0) // self._block * self._block
+        return PromptLayout(ids, tuple(prefills), limit if cacheable < 0 else min(cacheable, limit))
+
+    def _plain(self, parts: Sequence[Part], add_special_tokens: bool) -> PromptLayout:
+        ids = list(self._tokens.leading_ids) if add_special_tokens else []
+        for part in parts:
+            ids += self._tokens.encode(part.text, template=isinstance(part, Text) and part.template)
+        return PromptLayout(ids, (), 0)
+
+    def _build_segment(
+        self, opener: _Opener, texts: tuple[Text, ...], leading: bool, followed: bool
+    ) -> tuple[_Piece, ...]:
+        trailing = tuple(t for text in texts for t in self._tokens.encode(text.text, template=text.template))
+        if opener is None:
+            ids = (self._tokens.leading_ids if leading else ()) + trailing
+            if not ids:
+                return ()
+            if not followed:
+                return (_Piece(ids, None),)
+            ids = self._pad(ids)
+            return (_Piece(ids, Prefill.of("prefix", ids)),)
+        body = self._tokens.encode(opener.text)
+        if isinstance(opener, Dependent):
+            ids = (self._pdep,) + body + trailing
+            return (_Piece(self._pad(ids) if followed else ids, None),)
+        head_len = opener.recompute_blocks * self._block - 1
+        if opener.recompute_blocks and head_len >= len(body):
+            return (_Piece(self._pad((self._pdep,) + body), None),)
+        pieces = []
+        if opener.recompute_blocks:
+            pieces.append(_Piece((self._pdep,) + body[:head_len], None))
+            body = body[head_len:]
+        tail = self._pad((self._ssep,) + body)
+        pieces.append(_Piece(tail, Prefill.of("span", tail)))
+        return tuple(pieces)
+
+    def _pad(self, ids: TokenIds) -> TokenIds:
+        return ids + (self._pad_id,) * (-len(ids) % self._block)
+
+
+def _segments(parts: Sequence[Part]) -> list[tuple[_Opener, tuple[Text, ...]]]:
+    """Group parts into segments: an opener (None for the prefix) and the texts after it."""
+    groups: list[tuple[_Opener, list[Text]]] = [(None, [])]
+    for part in parts:
+        if isinstance(part, Text):
+            if isinstance(groups[-1][0], Span):
+                raise PromptError(
+                    f"Text({part.text[:40]!r}) follows a Span: spans are closed, "
+                    "so text after one must start with a Dependent"
+                )
+            groups[-1][1].append(part)
+        elif isinstance(part, (Span, Dependent)):
+            groups.append((part, []))
+        else:
+            raise TypeError(f"not a prompt part: {part!r}")
+    return [(opener, tuple(texts)) for opener, texts in groups]
+
+
+def check_documents(docs: Sequence[object]) -> None:
+    """Reject what cannot be a span before any request is sent."""
+    if isinstance(docs, (str, bytes)):
+        raise InvalidDocumentError(0, "list expected: docs is a single string, not a list of them")
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, str):
+            raise InvalidDocumentError(i, f"is {type(doc).__name__}, not str")
+        if not doc.strip():
+            raise InvalidDocumentError(i, "is empty")
+
+
+_SYSTEM = "\x1eminipic:system\x1e"
+_DOCS = "\x1eminipic:docs\x1e"
+_TASK = "\x1eminipic:task\x1e"
+_SENTINEL = re.compile("(" + "|".join(map(re.escape, (_SYSTEM, _DOCS, _TASK))) + ")")
+
+
+class ChatTemplate:
+    """The tokenizer's chat template cut where the system prompt, the documents and
+    the task go: rendered once per shape with sentinel contents, then split."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._tokenizer = tokenizer
+        self._pieces: dict[bool, list[str]] = {}
+
+    def parts(self, system: str | None, spans: Sequence[Span], task: str) -> list[Part]:
+        """``[system turn][user turn: spans, PDep task][assistant header]``."""
+        parts: list[Part] = []
+        for piece in self._split(bool(system)):
+            if piece == _SYSTEM:
+                parts.append(Text(system or ""))
+            elif piece == _DOCS:
+                parts.extend(spans)
+            elif piece == _TASK:
+                parts.append(Dependent(task))
+            elif piece:
+                parts.append(Text(piece, template=True))
+        return parts
+
+    def _split(self, with_system: bool) -> list[str]:
+        pieces = self._pieces.get(with_system)
+        if pieces is None:
+            pieces = self._pieces[with_system] = self._render(with_system)
+        return pieces
+
+    def _render(self, with_system: bool) -> list[str]:
+        from jinja2 import TemplateError
+
+        messages = [{"role": "user", "content": _DOCS + _TASK}]
+        if with_system:
+            messages.insert(0, {"role": "system", "content": _SYSTEM})
+        try:
+            rendered = self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as exc:
+            raise ConfigError(
+                f"the chat template rejects {[m['role'] for m in messages]} turns ({exc}); "
+                "pass system=None or raw=True"
+            ) from exc
+        pieces = _SENTINEL.split(rendered)
+        expected = [_SYSTEM, _DOCS, _TASK] if with_system else [_DOCS, _TASK]
+        if [p for p in pieces if _SENTINEL.fullmatch(p)] != expected:
+            raise ConfigError(
+                "the chat template drops, repeats or reorders message contents, so documents "
+                "cannot be placed as spans in it; pass raw=True"
+            )
+        return pieces

@@ -1,0 +1,226 @@
+"""When requests go out: one in-flight limit, shared span prefills, three policies.
+
+Every request (prefill or final) holds one of `max_in_flight` slots, so the
+server's running batch is kept full (at its ``max_num_seqs``) without queueing
+work there. A span prefill is sent once: concurrent and later users of the same
+span await the same task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from typing import Any, Literal, Protocol, TypeVar
+
+from minipic_client.errors import MiniPICError
+from minipic_client.prompt import Prefill
+from minipic_client.transport import Connection, usage_of
+
+COMPLETIONS = "/v1/completions"
+
+
+class Strategy(str, enum.Enum):
+    """How a set of samples is scheduled.
+
+    - ``isps``: each sample awaits its own span prefills, then sends its final
+      prompt; no global barrier (the default).
+    - ``batched``: the span prefills of a whole batch, a barrier, then its finals.
+    - ``baseline``: plain prompts without markers (PIC off), for comparisons.
+    """
+
+    ISPS = "isps"
+    BATCHED = "batched"
+    BASELINE = "baseline"
+
+    @property
+    def pic(self) -> bool:
+        return self is not Strategy.BASELINE
+
+    @property
+    def barrier(self) -> bool:
+        return self is Strategy.BATCHED
+
+
+RequestKind = Literal["prefix", "span", "final"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEvent:
+    """One request the client completed: what it carried and what the server reported."""
+
+    kind: RequestKind
+    prompt_tokens: int
+    cached_tokens: int | None
+    duration_s: float
+
+
+class _HasPrefills(Protocol):
+    @property
+    def prefills(self) -> Sequence[Prefill]: ...
+
+
+J = TypeVar("J", bound=_HasPrefills)
+R = TypeVar("R")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        model: str,
+        max_in_flight: int,
+        on_request: Callable[[RequestEvent], None] | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self._conn = connection
+        self._model = model
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._on_request = on_request
+        # Digests only: remembering every span ever prefilled stays small.
+        self._done: set[bytes] = set()
+        self._pending: dict[bytes, asyncio.Task[None]] = {}
+
+    def forget(self) -> None:
+        """Drop the record of completed prefills (the server restarted)."""
+        self._done.clear()
+
+    async def prefill(self, prefills: Iterable[Prefill]) -> None:
+        """Make `prefills` resident, sending only those no one sent or is sending."""
+        todo = [p for p in prefills if p.key not in self._done]
+        if todo:
+            await asyncio.gather(*map(self._prefill_once, todo))
+
+    async def stream(
+        self, token_ids: Sequence[int], *, max_tokens: int, temperature: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream a final prompt's completion events while holding one slot."""
+        body = {
+            "model": self._model,
+            "prompt": token_ids,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        async with self._slots:
+            start = time.perf_counter()
+            cached = None
+            async with aclosing(self._conn.stream(COMPLETIONS, body)) as events:
+                async for event in events:
+                    usage = usage_of(event)
+                    if usage is not None:
+                        cached = usage.cached_tokens
+                    yield event
+        self._emit("final", len(token_ids), cached, start)
+
+    async def run(
+        self,
+        jobs: Iterable[J | MiniPICError],
+        strategy: Strategy,
+        complete: Callable[[J, float], Awaitable[R]],
+        *,
+        window: int | None = None,
+    ) -> AsyncIterator[tuple[int, R | MiniPICError]]:
+        """Complete `jobs`, yielding ``(index, result or error)`` as each one finishes.
+
+        ``complete(job, started)`` awaits the job's own prefills, then its final.
+        ISPS keeps `window` jobs in progress (default ``2 * max_in_flight``, so a
+        request is ready whenever a slot frees up). BATCHED takes `window` jobs
+        at a time (default ``max_in_flight``, one server batch), prefills all of
+        their spans and waits for all of them before any final is sent. Errors
+        raised while building a job are passed in as items and yielded as they are.
+        """
+        if window is None:
+            window = self.max_in_flight if strategy.barrier else 2 * self.max_in_flight
+        numbered = enumerate(jobs)
+        running: dict[asyncio.Task[R], int] = {}
+        try:
+            while group := list(islice(numbered, window if strategy.barrier else 1)):
+                started = time.perf_counter()
+                ready = []
+                for i, job in group:
+                    if isinstance(job, MiniPICError):
+                        yield i, job
+                    else:
+                        ready.append((i, job))
+                if strategy.barrier:
+                    # Failures surface (and are retried) in each job's own prefill.
+                    prefills = {p.key: p for _, job in ready for p in job.prefills}
+                    await asyncio.gather(
+                        *map(self._prefill_once, prefills.values()), return_exceptions=True
+                    )
+                for i, job in ready:
+                    running[asyncio.create_task(complete(job, started))] = i
+                async for outcome in _drain(running, keep=0 if strategy.barrier else window - 1):
+                    yield outcome
+            async for outcome in _drain(running, keep=0):
+                yield outcome
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def _prefill_once(self, prefill: Prefill) -> None:
+        if prefill.key in self._done:
+            return
+        task = self._pending.get(prefill.key)
+        if task is None:
+            task = asyncio.create_task(self._send_prefill(prefill))
+            self._pending[prefill.key] = task
+            task.add_done_callback(partial(self._settle, prefill.key))
+        # Shielded: a caller that is cancelled must not cancel the others' prefill.
+        await asyncio.shield(task)
+
+    def _settle(self, key: bytes, task: asyncio.Task[None]) -> None:
+        del self._pending[key]
+        # A failed prefill is forgotten, so the next user sends it again.
+        if not task.cancelled() and task.exception() is None:
+            self._done.add(key)
+
+    async def _send_prefill(self, prefill: Prefill) -> None:
+        body = {
+            "model": self._model,
+            "prompt": prefill.token_ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        async with self._slots:
+            start = time.perf_counter()
+            response = await self._conn.post_json(COMPLETIONS, body)
+        usage = usage_of(response)
+        cached = usage.cached_tokens if usage is not None else None
+        self._emit(prefill.kind, len(prefill.token_ids), cached, start)
+
+    def _emit(self, kind: RequestKind, prompt_tokens: int, cached: int | None, start: float) -> None:
+        if self._on_request is not None:
+            duration = time.perf_counter() - start
+            self._on_request(RequestEvent(kind, prompt_tokens, cached, duration))
+
+
+async def _drain(
+    running: dict[asyncio.Task[R], int], *, keep: int
+) -> AsyncIterator[tuple[int, R | MiniPICError]]:
+    """Yield finished jobs until at most `keep` are still running."""
+    while len(running) > keep:
+        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            yield running.pop(task), _outcome(task)
+
+
+def _outcome(task: asyncio.Task[R]) -> R | MiniPICError:
+    """A job's result, or its MiniPIC error; anything else is a bug and propagates."""
+    exc = task.exception()
+    if exc is None:
+        return task.result()
+    if isinstance(exc, MiniPICError):
+        return exc
+    raise exc

@@ -1,0 +1,95 @@
+"""An independent reference for PIC outputs: Hugging Face transformers with an explicit mask.
+
+Nothing here uses vLLM or MiniPIC code. A prompt is a list of segments; each
+segment's tokens attend causally either from position 0 (``span=False``: text
+before any marker, PDep tails, generated tokens) or from the segment's own start
+(``span=True``: an SSep span sees only itself). Positions are positions in the
+final prompt.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+BLOCK_SIZE = 16
+BOS, SSEP, PDEP, PAD = 0, 5, 6, 7  # the tiny model's special ids
+FIRST_TEXT_ID, VOCAB = 8, 2048
+
+
+@dataclass(frozen=True)
+class Segment:
+    tokens: tuple[int, ...]
+    span: bool = False
+
+
+def padded(tokens: list[int]) -> list[int]:
+    return tokens + [PAD] * (-len(tokens) % BLOCK_SIZE)
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(FIRST_TEXT_ID, VOCAB) for _ in range(n)]
+
+
+def system(tokens: list[int]) -> Segment:
+    return Segment(tuple(padded([BOS, *tokens])))
+
+
+def span(tokens: list[int]) -> Segment:
+    """An SSep span padded to a block boundary."""
+    return Segment(tuple(padded([SSEP, *tokens])), span=True)
+
+
+def dependent(tokens: list[int]) -> Segment:
+    """A PDep tail: sees the whole prompt before it."""
+    return Segment((PDEP, *tokens))
+
+
+def flatten(segments: list[Segment]) -> list[int]:
+    return [t for s in segments for t in s.tokens]
+
+
+def window_starts(segments: list[Segment]) -> list[int]:
+    starts, position = [], 0
+    for segment in segments:
+        starts += [position if segment.span else 0] * len(segment.tokens)
+        position += len(segment.tokens)
+    return starts
+
+
+class HFReference:
+    def __init__(self, model_dir: Path) -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+
+    @torch.no_grad()
+    def greedy_top_logprobs(
+        self, segments: list[Segment], num_tokens: int = 4, top: int = 20
+    ) -> tuple[list[int], list[dict[int, float]]]:
+        """Greedy tokens and, per step, the top ``top`` logprobs as {token_id: logprob}."""
+        ids, starts = flatten(segments), window_starts(segments)
+        generated, tops = [], []
+        for _ in range(num_tokens):
+            length = len(ids)
+            mask = torch.full((1, 1, length, length), float("-inf"))
+            for q, start in enumerate(starts):
+                mask[0, 0, q, start : q + 1] = 0.0
+            logits = self.model(
+                input_ids=torch.tensor([ids]),
+                attention_mask=mask,
+                position_ids=torch.arange(length)[None],
+            ).logits[0, -1]
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            best = torch.topk(logprobs, top)  # vLLM reports logprobs before any banning
+            tops.append({int(i): float(v) for v, i in zip(best.values, best.indices)})
+            logprobs[[SSEP, PDEP, PAD]] = float("-inf")  # the server never samples markers
+            token = int(torch.argmax(logprobs))
+            generated.append(token)
+            ids.append(token)
+            starts.append(0)
+        return generated, tops

@@ -1,0 +1,114 @@
+"""Marker-aware block hashing against vLLM's own Request and hash primitives (no server)."""
+
+from __future__ import annotations
+
+import pytest
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+
+from minipic_server.config import PicConfig
+from minipic_server.engine_hooks import ban_markers
+from minipic_server.hashing import make_pic_block_hasher
+
+BS = 4
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3)
+SSEP, PDEP, PAD = PIC.marker_ids
+SYS = [10, 11, 12, 13]
+DOC_A = [SSEP, 20, 21, 22]
+DOC_B = [SSEP, 30, 31, 32]
+DOC_C = [SSEP, 40, 41, 42, 43, 44, 45, 46]  # two blocks: the second chains on the first
+TASK = [PDEP, 50, 51, 52]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _none_hash() -> None:
+    init_none_hash(sha256)
+
+
+def hashes(tokens: list[int], salt: str | None = None, hasher=None) -> list:
+    request = Request(
+        "r",
+        tokens,
+        SamplingParams(max_tokens=4),
+        None,
+        cache_salt=salt,
+        block_hasher=hasher or make_pic_block_hasher(BS, sha256, PIC),
+    )
+    return request.block_hashes
+
+
+def test_ssep_block_hashes_independently_of_prefix() -> None:
+    first = hashes(SYS + DOC_A + DOC_B)
+    second = hashes(SYS + DOC_B + DOC_A)
+    alone = hashes(DOC_A)
+    assert first[1] == second[2] == alone[0]
+    assert first[2] == second[1] == hashes(DOC_B)[0]
+
+
+def test_later_blocks_of_a_span_chain_on_the_span() -> None:
+    after_a = hashes(SYS + DOC_A + DOC_C)
+    after_b = hashes(SYS + DOC_B + DOC_C)
+    alone = hashes(DOC_C)
+    assert after_a[2:4] == after_b[2:4] == alone
+    # The second block of C starts with an ordinary token: it must not stand alone.
+    assert alone[1] != hashes(DOC_C[4:])[0]
+
+
+def test_pdep_block_depends_on_every_earlier_token() -> None:
+    with_a = hashes(SYS + DOC_A + DOC_C + TASK)
+    with_b = hashes(SYS + DOC_B + DOC_C + TASK)
+    assert with_a[2:4] == with_b[2:4]  # C is shared...
+    assert with_a[4] != with_b[4]  # ...but the task after it is not
+    assert hashes(SYS + DOC_A + DOC_C + TASK)[4] == with_a[4]
+
+
+def test_blocks_after_pdep_chain_on_the_full_prefix() -> None:
+    tail = [60, 61, 62, 63]
+    assert hashes(SYS + DOC_A + TASK + tail)[3] != hashes(SYS + DOC_B + TASK + tail)[3]
+
+
+def test_without_markers_hashes_equal_vllms_own() -> None:
+    tokens = SYS + [20, 21, 22, 23] + [PAD] * 4 + [5, 6, 7, 8, 9]
+    stock = get_request_block_hasher(BS, sha256)
+    assert hashes(tokens) == hashes(tokens, hasher=stock)
+    assert hashes(tokens, salt="s") == hashes(tokens, salt="s", hasher=stock)
+
+
+def test_marker_not_at_block_start_is_an_ordinary_token() -> None:
+    tokens = SYS + [20, SSEP, 21, 22]
+    stock = get_request_block_hasher(BS, sha256)
+    assert hashes(tokens) == hashes(tokens, hasher=stock)
+    assert hashes(SYS + [20, SSEP, 21, 22])[1] != hashes([99] * 4 + [20, SSEP, 21, 22])[1]
+
+
+def test_salt_separates_ssep_blocks() -> None:
+    assert hashes(SYS + DOC_A, salt="alice")[1] != hashes(SYS + DOC_A, salt="bob")[1]
+    assert hashes(SYS + DOC_A, salt="alice")[1] != hashes(SYS + DOC_A)[1]
+    assert hashes(SYS + DOC_A, salt="alice")[1] == hashes([7] * 4 + DOC_A, salt="alice")[1]
+    # The salt reaches a span root at token 0 through vLLM's own extra keys, once.
+    assert hashes(DOC_A, salt="alice")[0] == hashes(SYS + DOC_A, salt="alice")[1]
+
+
+def test_generated_tokens_never_act_as_markers() -> None:
+    hasher = make_pic_block_hasher(BS, sha256, PIC)
+    request = Request("r", SYS + [20, 21], SamplingParams(max_tokens=8), None, block_hasher=hasher)
+    request.append_output_token_ids([22, 23])  # completes block 1
+    request.append_output_token_ids([SSEP, 24, 25, 26])  # a generated SSep at a block start
+    stock = Request(
+        "s", SYS + [20, 21], SamplingParams(max_tokens=8), None,
+        block_hasher=get_request_block_hasher(BS, sha256),
+    )
+    stock.append_output_token_ids([22, 23])
+    stock.append_output_token_ids([SSEP, 24, 25, 26])
+    assert request.block_hashes == stock.block_hashes
+    assert len(request.block_hashes) == 3
+
+
+def test_marker_ids_are_banned_from_sampling() -> None:
+    params = SamplingParams(max_tokens=4)
+    params._bad_words_token_ids = [[99, 100]]
+    ban_markers(params, PIC)
+    ban_markers(params, PIC)  # idempotent
+    assert params.bad_words_token_ids == [[99, 100], [SSEP], [PDEP], [PAD]]

@@ -1,0 +1,74 @@
+"""The Triton paged RoPE attention kernel against the torch reference, on the CPU.
+
+The kernel runs under the Triton interpreter (``TRITON_INTERPRET=1``). That variable
+must be set before Triton is first imported and would leak into every other test
+module of this pytest process (vLLM imports Triton too), so the cases run in ONE
+subprocess per module (`tests/triton_kernel_cases.py`), which prints a JSON line per
+case; each test below checks one line. fp32 and fp16 only: the interpreter computes
+bf16 ``tl.dot`` wrongly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPER = ROOT / "tests" / "triton_kernel_cases.py"
+
+CASE_NAMES = [
+    "f32_neox_bs16_g1",
+    "f32_gptj_bs16_g2",
+    "f32_neox_bs32_g4",
+    "f32_partial_neox",
+    "f32_partial_gptj",
+    "f16_neox_g4_d128",
+    "f16_gptj_bs32_g2",
+    "f32_dup_block",
+    "f32_plain_windows",
+    "f32_group3_padded",
+    "f32_wide_tiles",
+    "f32_splits",
+    "f32_no_max_query_len",
+    "f32_decode_only",
+    "f32_public_api_defaults",
+    "f16_public_api_d128",
+]
+
+
+@pytest.fixture(scope="module")
+def case_results() -> dict[str, dict]:
+    pytest.importorskip("triton")
+    env = dict(os.environ)
+    env["TRITON_INTERPRET"] = "1"
+    paths = [str(ROOT / "kernels"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    proc = subprocess.run(
+        [sys.executable, str(HELPER), *CASE_NAMES],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            results[row["name"]] = row
+    if not results:
+        pytest.fail(f"case runner failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+    return results
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_kernel_matches_reference(case_results: dict[str, dict], name: str) -> None:
+    assert name in case_results, f"case {name} produced no result"
+    row = case_results[name]
+    assert row["ok"], f"{name}: max_err={row['max_err']} tol={row.get('tol')} {row.get('detail', '')}"
+
