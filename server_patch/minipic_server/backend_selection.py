@@ -27,6 +27,11 @@ def install() -> None:
     platform_cls = type(current_platform)
     if getattr(platform_cls, "_minipic_installed", False):
         return
+    if current_platform.is_cuda():
+        # The backend reports itself as CUSTOM; vLLM maps that name back through the registry.
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+        register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)
     original = platform_cls.get_attn_backend_cls
 
     @functools.wraps(original)

@@ -87,6 +87,17 @@ def refuse_unsupported_features(
         raise MiniPICConfigError(f"MiniPIC attention does not support {', '.join(found)}")
 
 
+def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key and value views ``(num_blocks, block_size, num_kv_heads, head_size)`` of a layer's cache.
+
+    Both backends keep vLLM's logical ``(num_blocks, num_kv_heads, block_size, 2 * head_size)``
+    layout with K and V side by side in the last dimension.
+    """
+    head_size = kv_cache.shape[-1] // 2
+    by_token = kv_cache.transpose(1, 2)
+    return by_token[..., :head_size], by_token[..., head_size:]
+
+
 def linked_rope(impl: Any) -> RopeSpec:
     rope = getattr(impl, "pic_rope", None)
     if rope is None:

@@ -21,6 +21,7 @@ from minipic_server.backends.common import (
     PicMetadataBuilder,
     linked_rope,
     refuse_unsupported_features,
+    split_kv_cache,
 )
 
 
@@ -47,13 +48,6 @@ class PicCpuAttentionBackend(CPUAttentionBackend):
     @staticmethod
     def get_builder_cls() -> type[PicMetadataBuilder]:
         return PicMetadataBuilder
-
-
-def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Key and value views shaped ``(num_blocks, block_size, num_kv_heads, head_size)``."""
-    head_size = kv_cache.shape[-1] // 2
-    by_token = kv_cache.transpose(1, 2)
-    return by_token[..., :head_size], by_token[..., head_size:]
 
 
 class PicCpuAttentionImpl(AttentionImpl[PicAttentionMetadata]):
