@@ -38,6 +38,8 @@ CASE_NAMES = [
     "f32_decode_only",
     "f32_public_api_defaults",
     "f16_public_api_d128",
+    "f32_prepass_neox_partial",
+    "f16_prepass_gptj_dup",
 ]
 
 

@@ -23,6 +23,7 @@ from minipic_kernels.triton_attention import (
     AttentionConfig,
     paged_rope_attention,
     paged_rope_attention_with_config,
+    rotate_kv_to_dense_pages,
 )
 
 
@@ -43,6 +44,7 @@ class Case:
     decode: AttentionConfig = AttentionConfig(16, 16, 4, 1, num_splits=1)
     max_query_len_given: bool = True
     public_api: bool = False  # call paged_rope_attention (default configs) instead
+    prepass: bool = False  # rotate_kv_to_dense_pages, then the kernel with rotary_dim=0
     seed: int = 0
 
 
@@ -132,6 +134,9 @@ CASES = [
     Case("f32_public_api_defaults", [(150, 150), (90, 1), (70, 9)], group=2, public_api=True, seed=14),
     Case("f16_public_api_d128", [(130, 130), (66, 1)], group=4, head_size=128, dtype=F16,
          public_api=True, seed=15),
+    Case("f32_prepass_neox_partial", MIXED, group=2, rotary_dim=32, prepass=True, seed=16),
+    Case("f16_prepass_gptj_dup", [(80, 80), (48, 2)], is_neox=False, dtype=F16, duplicate_block=True,
+         prepass=True, seed=17),
 ]
 
 
@@ -142,6 +147,22 @@ def run_case(case: Case) -> dict:
     out = torch.full_like(inputs["query"], float("nan"))
     if case.public_api:
         paged_rope_attention(**inputs, output=out, max_query_len=max_query_len)
+    elif case.prepass:
+        k_rot, v_dense, table = rotate_kv_to_dense_pages(
+            inputs["key_cache"], inputs["value_cache"], inputs["block_table"], inputs["seq_lens"],
+            inputs["cos_sin"], inputs["rotary_dim"], inputs["is_neox"],
+        )  # fmt: skip
+        # Window starts follow the original table's block kinds.
+        from minipic_kernels.block_kinds import window_starts_per_block
+
+        ws = window_starts_per_block(inputs["block_table"], inputs["block_kind"], case.block_size)
+        rest = {k: v for k, v in inputs.items() if k not in ("key_cache", "value_cache", "block_table")}
+        rest.update(rotary_dim=0)
+        paged_rope_attention_with_config(
+            **rest, key_cache=k_rot, value_cache=v_dense, block_table=table, output=out,
+            max_query_len=max_query_len, window_starts=ws,
+            prefill_config=case.prefill, decode_config=case.decode,
+        )  # fmt: skip
     else:
         paged_rope_attention_with_config(
             **inputs,

@@ -21,7 +21,7 @@ Design (one kernel body, two launch shapes):
   mapping is a binary search over ``query_start_loc`` inside the kernel, so the grid size
   is an upper bound computed from Python ints (no host sync, CUDA-graph safe).
 * Decode launch: one tile per request (requests with at most ``BLOCK_Q`` query tokens),
-  the key range split across ``NUM_SPLITS`` programs whose partial softmax states a
+  the key range split across ``num_splits`` programs whose partial softmax states a
   second small kernel merges (flash-decoding).
 
 Configurations come from a small fixed list per path, tuned once per shape class and
@@ -40,7 +40,12 @@ import triton.language as tl
 
 from minipic_kernels.block_kinds import window_starts_per_block
 
-__all__ = ["AttentionConfig", "paged_rope_attention", "paged_rope_attention_with_config"]
+__all__ = [
+    "AttentionConfig",
+    "paged_rope_attention",
+    "paged_rope_attention_with_config",
+    "rotate_kv_to_dense_pages",
+]
 
 _LOG2E = 1.4426950408889634
 # Initial running max: finite, so fully masked tiles never produce inf - inf = NaN.
@@ -84,6 +89,29 @@ def _locate_tile(
 
 
 @triton.jit
+def _load_rows(
+    row_ptr, col_offs, stride_d, row_mask, col_mask, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr
+):
+    """Load ``row_ptr[r] + col_offs[c] * stride_d``, applying only the masks asked for.
+
+    (Flags are separate constexprs: boolean operators on constexprs are not folded by
+    every Triton version.)
+    """
+    ptrs = row_ptr[:, None] + col_offs[None, :] * stride_d
+    if MASK_ROWS:
+        if MASK_COLS:
+            x = tl.load(ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=row_mask[:, None], other=0.0)
+    else:
+        if MASK_COLS:
+            x = tl.load(ptrs, mask=col_mask[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
 def _load_rotary_pair(
     row_ptr,  # (ROWS,) pointers to element 0 of each row
     stride_d,
@@ -92,21 +120,22 @@ def _load_rotary_pair(
     ROT_HALF: tl.constexpr,
     ROT_HALF_P: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    MASK_ROWS: tl.constexpr,
+    ROT_PADDED: tl.constexpr,  # ROT_HALF != ROT_HALF_P: padding lanes need the column mask
 ):
-    """Load the two rotary lanes of each row: (x1, x2), each (ROWS, ROT_HALF_P).
+    """Load the two rotary lane sets of each row: (x1, x2), each (ROWS, ROT_HALF_P).
 
     neox: x1 = x[:half], x2 = x[half:rot]; gptj: x1 = x[0:rot:2], x2 = x[1:rot:2].
     """
     if IS_NEOX:
         offs = tl.arange(0, ROT_HALF_P)
-        mask = row_mask[:, None] & (offs < ROT_HALF)[None, :]
-        x1 = tl.load(row_ptr[:, None] + offs[None, :] * stride_d, mask=mask, other=0.0)
-        x2 = tl.load(row_ptr[:, None] + (ROT_HALF + offs)[None, :] * stride_d, mask=mask, other=0.0)
+        col_ok = offs < ROT_HALF
+        x1 = _load_rows(row_ptr, offs, stride_d, row_mask, col_ok, MASK_ROWS, ROT_PADDED)
+        x2 = _load_rows(row_ptr, ROT_HALF + offs, stride_d, row_mask, col_ok, MASK_ROWS, ROT_PADDED)
     else:
         # One contiguous load of the interleaved lanes, then split even/odd in registers.
         offs = tl.arange(0, 2 * ROT_HALF_P)
-        mask = row_mask[:, None] & (offs < 2 * ROT_HALF)[None, :]
-        x = tl.load(row_ptr[:, None] + offs[None, :] * stride_d, mask=mask, other=0.0)
+        x = _load_rows(row_ptr, offs, stride_d, row_mask, offs < 2 * ROT_HALF, MASK_ROWS, ROT_PADDED)
         x1, x2 = tl.split(tl.reshape(x, (ROWS, ROT_HALF_P, 2)))
     return x1, x2
 
@@ -145,6 +174,9 @@ def _attend_key_range(
     PASS: tl.constexpr,
     PASS_P: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    ROT_PADDED: tl.constexpr,
+    PASS_PADDED: tl.constexpr,
+    HEAD_PADDED: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -156,58 +188,56 @@ def _attend_key_range(
     """
     offs_n_base = tl.arange(0, BLOCK_N)
     offs_v = tl.arange(0, HEAD_P)
-    offs_pass = tl.arange(0, PASS_P)
+    offs_pass = 2 * ROT_HALF + tl.arange(0, PASS_P)
     offs_half = tl.arange(0, ROT_HALF_P)
-    half_mask = offs_half < ROT_HALF
+    half_ok = offs_half < ROT_HALF
     for n0 in range(key_begin, key_end, BLOCK_N):
         offs_n = n0 + offs_n_base
-        if MASKED:
-            key_ok = offs_n < seq_len
-        else:
-            key_ok = offs_n_base < BLOCK_N  # all true; folded away
+        key_ok = offs_n < seq_len
         # Paged gather: physical block of every key row.
-        phys = tl.load(bt_row_ptr + (offs_n // KV_BLOCK_SIZE) * stride_btb, mask=key_ok, other=0)
+        bt_ptrs = bt_row_ptr + (offs_n // KV_BLOCK_SIZE) * stride_btb
+        if MASKED:
+            phys = tl.load(bt_ptrs, mask=key_ok, other=0)
+        else:
+            phys = tl.load(bt_ptrs)
         slot = offs_n % KV_BLOCK_SIZE
         k_rows = k_head_ptr + phys.to(tl.int64) * stride_kb + slot * stride_ks
         v_rows = v_head_ptr + phys.to(tl.int64) * stride_vb + slot * stride_vs
 
-        # Rotate the key tile by each key's index in the request (fp32 math).
-        k1, k2 = _load_rotary_pair(k_rows, stride_kd, key_ok, BLOCK_N, ROT_HALF, ROT_HALF_P, IS_NEOX)
-        cs_rows = cos_sin_ptr + offs_n * stride_cs
-        cs_mask = key_ok[:, None] & half_mask[None, :]
-        cos = tl.load(cs_rows[:, None] + offs_half[None, :], mask=cs_mask, other=0.0).to(tl.float32)
-        sin = tl.load(cs_rows[:, None] + (ROT_HALF + offs_half)[None, :], mask=cs_mask, other=0.0).to(
-            tl.float32
-        )
-        k1f = k1.to(tl.float32)
-        k2f = k2.to(tl.float32)
-        k1r = (k1f * cos - k2f * sin).to(k1.dtype)
-        k2r = (k2f * cos + k1f * sin).to(k1.dtype)
-
-        qk = tl.dot(q1, tl.trans(k1r), input_precision=DOT_PRECISION)
-        qk = tl.dot(q2, tl.trans(k2r), qk, input_precision=DOT_PRECISION)
-        if PASS > 0:
-            pass_mask = key_ok[:, None] & (offs_pass < PASS)[None, :]
-            k3 = tl.load(
-                k_rows[:, None] + (2 * ROT_HALF + offs_pass)[None, :] * stride_kd, mask=pass_mask, other=0.0
+        if ROT_HALF > 0:
+            # Rotate the key tile by each key's index in the request (fp32 math), then
+            # q.k_rot = q1.(k1 c - k2 s) + q2.(k2 c + k1 s): two dots, no lane shuffles.
+            k1, k2 = _load_rotary_pair(
+                k_rows, stride_kd, key_ok, BLOCK_N, ROT_HALF, ROT_HALF_P, IS_NEOX, MASKED, ROT_PADDED
             )
-            qk = tl.dot(q3, tl.trans(k3), qk, input_precision=DOT_PRECISION)
-        qk = qk * qk_scale
+            cs_rows = cos_sin_ptr + offs_n * stride_cs
+            cos = _load_rows(cs_rows, offs_half, 1, key_ok, half_ok, MASKED, ROT_PADDED).to(tl.float32)
+            sin = _load_rows(cs_rows, ROT_HALF + offs_half, 1, key_ok, half_ok, MASKED, ROT_PADDED)
+            sin = sin.to(tl.float32)
+            k1f = k1.to(tl.float32)
+            k2f = k2.to(tl.float32)
+            k1r = (k1f * cos - k2f * sin).to(k1.dtype)
+            k2r = (k2f * cos + k1f * sin).to(k1.dtype)
+            qk = tl.dot(q1, tl.trans(k1r), input_precision=DOT_PRECISION)
+            qk = tl.dot(q2, tl.trans(k2r), qk, input_precision=DOT_PRECISION)
+            if PASS > 0:
+                k3 = _load_rows(k_rows, offs_pass, stride_kd, key_ok, offs_pass < HEAD, MASKED, PASS_PADDED)
+                qk = tl.dot(q3, tl.trans(k3), qk, input_precision=DOT_PRECISION)
+        else:  # keys already rotated (benchmark / pre-pass mode)
+            k3 = _load_rows(k_rows, offs_pass, stride_kd, key_ok, offs_pass < HEAD, MASKED, PASS_PADDED)
+            qk = tl.dot(q3, tl.trans(k3), input_precision=DOT_PRECISION)
+
         if MASKED:
             allowed = (
                 (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None]) & key_ok[None, :]
             )
             qk = tl.where(allowed, qk, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # Base-2 online softmax; the scale is folded into one multiply-add per score.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v_mask = key_ok[:, None] & (offs_v < HEAD)[None, :]
-        else:
-            v_mask = (offs_v < HEAD)[None, :]
-        v = tl.load(v_rows[:, None] + offs_v[None, :] * stride_vd, mask=v_mask, other=0.0)
+        v = _load_rows(v_rows, offs_v, stride_vd, key_ok, offs_v < HEAD, MASKED, HEAD_PADDED)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -219,7 +249,7 @@ def _attend_key_range(
 # --------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs", "num_splits"])
 def _paged_rope_attention_kernel(
     out_ptr,
     q_ptr,
@@ -234,6 +264,7 @@ def _paged_rope_attention_kernel(
     part_ml_ptr,
     qk_scale,
     num_reqs,
+    num_splits,  # key-range splits per tile (partials merged by _merge_splits_kernel)
     stride_qt,
     stride_qh,
     stride_qd,
@@ -260,13 +291,16 @@ def _paged_rope_attention_kernel(
     PASS: tl.constexpr,  # head_size - rotary_dim (lanes not rotated)
     PASS_P: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    ROT_PADDED: tl.constexpr,  # ROT_HALF != ROT_HALF_P (host-computed: see _load_rows)
+    PASS_PADDED: tl.constexpr,  # PASS != PASS_P
+    HEAD_PADDED: tl.constexpr,  # HEAD != HEAD_P
     GROUP: tl.constexpr,  # query heads per kv head
     GROUP_P: tl.constexpr,  # GROUP rounded up to a power of two
     KV_BLOCK_SIZE: tl.constexpr,  # tokens per paged KV block
     BLOCK_M: tl.constexpr,  # query rows per tile = BLOCK_Q tokens x GROUP_P heads
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys per tile
-    NUM_SPLITS: tl.constexpr,  # key-range splits (partials merged by _merge_splits_kernel)
+    USE_SPLITS: tl.constexpr,  # num_splits > 1: write partial softmax states, not output
     ONE_TILE_PER_REQ: tl.constexpr,  # decode launch: program x = request
     SKIP_QLEN_LE: tl.constexpr,  # tile launch: leave requests with q_len <= this to decode
     REVERSE_TILES: tl.constexpr,  # launch the (longest) last query tiles first
@@ -308,8 +342,8 @@ def _paged_rope_attention_kernel(
     max_ws = tl.max(tl.where(row_valid, win_start, 0), 0)
     key_lo = (min_ws // BLOCK_N) * BLOCK_N
     key_hi = last_pos + 1
-    if NUM_SPLITS > 1:
-        tiles_per_split = tl.cdiv(tl.cdiv(key_hi - key_lo, BLOCK_N), NUM_SPLITS)
+    if USE_SPLITS:
+        tiles_per_split = tl.cdiv(tl.cdiv(key_hi - key_lo, BLOCK_N), num_splits)
         split_lo = key_lo + split * tiles_per_split * BLOCK_N
         key_hi = tl.minimum(key_hi, split_lo + tiles_per_split * BLOCK_N)
         key_lo = tl.minimum(split_lo, key_hi)
@@ -321,15 +355,17 @@ def _paged_rope_attention_kernel(
 
     # Query tile, split into the two rotary lane sets and the pass-through lanes.
     q_rows = q_ptr + (q_begin + row_tok).to(tl.int64) * stride_qt + q_head * stride_qh
-    q1, q2 = _load_rotary_pair(q_rows, stride_qd, row_valid, BLOCK_M, ROT_HALF, ROT_HALF_P, IS_NEOX)
-    offs_pass = tl.arange(0, PASS_P)
+    offs_pass = 2 * ROT_HALF + tl.arange(0, PASS_P)
     if PASS > 0:
-        q3 = tl.load(
-            q_rows[:, None] + (2 * ROT_HALF + offs_pass)[None, :] * stride_qd,
-            mask=row_valid[:, None] & (offs_pass < PASS)[None, :],
-            other=0.0,
+        q3 = _load_rows(q_rows, offs_pass, stride_qd, row_valid, offs_pass < HEAD, True, True)
+    if ROT_HALF > 0:
+        q1, q2 = _load_rotary_pair(
+            q_rows, stride_qd, row_valid, BLOCK_M, ROT_HALF, ROT_HALF_P, IS_NEOX, True, True
         )
     else:
+        q1 = q3  # unused
+        q2 = q3
+    if PASS == 0:
         q3 = q1  # unused
 
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
@@ -344,26 +380,33 @@ def _paged_rope_attention_kernel(
         acc, m_i, l_i, q1, q2, q3, q_pos, win_start, key_lo, unmasked_lo, seq_len, qk_scale,
         bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
         stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
-        True, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, KV_BLOCK_SIZE, BLOCK_N,
-        DOT_PRECISION,
+        True, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX,
+        ROT_PADDED, PASS_PADDED, HEAD_PADDED, KV_BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
     )  # fmt: skip
     acc, m_i, l_i = _attend_key_range(
         acc, m_i, l_i, q1, q2, q3, q_pos, win_start, unmasked_lo, unmasked_hi, seq_len, qk_scale,
         bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
         stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
-        False, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, KV_BLOCK_SIZE, BLOCK_N,
-        DOT_PRECISION,
+        False, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX,
+        ROT_PADDED, PASS_PADDED, HEAD_PADDED, KV_BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
     )  # fmt: skip
     acc, m_i, l_i = _attend_key_range(
         acc, m_i, l_i, q1, q2, q3, q_pos, win_start, unmasked_hi, key_hi, seq_len, qk_scale,
         bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
         stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
-        True, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, KV_BLOCK_SIZE, BLOCK_N,
-        DOT_PRECISION,
+        True, HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX,
+        ROT_PADDED, PASS_PADDED, HEAD_PADDED, KV_BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
     )  # fmt: skip
 
     offs_d = tl.arange(0, HEAD_P)
-    if NUM_SPLITS == 1:
+    if USE_SPLITS:
+        slot = (pid * tl.num_programs(1) + kv_head) * num_splits + split
+        acc_ptrs = part_acc_ptr + slot.to(tl.int64) * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :]
+        tl.store(acc_ptrs, acc)
+        ml_ptrs = part_ml_ptr + slot.to(tl.int64) * (2 * BLOCK_M) + offs_m
+        tl.store(ml_ptrs, m_i)
+        tl.store(ml_ptrs + BLOCK_M, l_i)
+    else:
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         out = acc / l_safe[:, None]
         o_rows = out_ptr + (q_begin + row_tok).to(tl.int64) * stride_ot + q_head * stride_oh
@@ -372,22 +415,16 @@ def _paged_rope_attention_kernel(
             out.to(out_ptr.dtype.element_ty),
             mask=row_valid[:, None] & (offs_d < HEAD)[None, :],
         )
-    else:
-        slot = (pid * tl.num_programs(1) + kv_head) * NUM_SPLITS + split
-        acc_ptrs = part_acc_ptr + slot.to(tl.int64) * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :]
-        tl.store(acc_ptrs, acc)
-        ml_ptrs = part_ml_ptr + slot.to(tl.int64) * (2 * BLOCK_M) + offs_m
-        tl.store(ml_ptrs, m_i)
-        tl.store(ml_ptrs + BLOCK_M, l_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs", "num_splits"])
 def _merge_splits_kernel(
     out_ptr,
     part_acc_ptr,
     part_ml_ptr,
     query_start_loc_ptr,
     num_reqs,
+    num_splits,
     stride_ot,
     stride_oh,
     stride_od,
@@ -397,11 +434,10 @@ def _merge_splits_kernel(
     GROUP_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     ONE_TILE_PER_REQ: tl.constexpr,
     SKIP_QLEN_LE: tl.constexpr,
 ):
-    """Merge the NUM_SPLITS partial softmax states of one (query tile, kv head)."""
+    """Merge the num_splits partial softmax states of one (query tile, kv head)."""
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     req, tile = _locate_tile(pid, query_start_loc_ptr, num_reqs, BLOCK_Q, ONE_TILE_PER_REQ)
@@ -422,8 +458,8 @@ def _merge_splits_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_run = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_run = tl.zeros([BLOCK_M], dtype=tl.float32)
-    base = (pid * tl.num_programs(1) + kv_head) * NUM_SPLITS
-    for s in range(NUM_SPLITS):
+    base = (pid * tl.num_programs(1) + kv_head) * num_splits
+    for s in range(num_splits):
         slot = (base + s).to(tl.int64)
         m_s = tl.load(part_ml_ptr + slot * (2 * BLOCK_M) + offs_m)
         l_s = tl.load(part_ml_ptr + slot * (2 * BLOCK_M) + BLOCK_M + offs_m)
@@ -443,6 +479,115 @@ def _merge_splits_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=row_valid[:, None] & (offs_d < HEAD)[None, :],
     )
+
+
+@triton.jit
+def _rotate_kv_pages_kernel(
+    k_out_ptr,
+    v_out_ptr,
+    k_ptr,
+    v_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    cos_sin_ptr,
+    num_kv_heads,
+    max_blocks,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_btr,
+    stride_btb,
+    stride_cs,
+    HEAD: tl.constexpr,
+    HEAD_P: tl.constexpr,
+    ROT_HALF: tl.constexpr,
+    ROT_HALF_P: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+):
+    """Copy logical block (req, b) into dense pages, keys rotated by their index."""
+    req = tl.program_id(0)
+    blk = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + req)
+    if blk * KV_BLOCK_SIZE >= seq_len:
+        return
+    phys = tl.load(block_table_ptr + req * stride_btr + blk * stride_btb).to(tl.int64)
+    out_blk = (req * max_blocks + blk).to(tl.int64)
+    offs_s = tl.arange(0, KV_BLOCK_SIZE)
+    pos = blk * KV_BLOCK_SIZE + offs_s
+    pos_ok = pos < seq_len
+    offs_d = tl.arange(0, HEAD_P)
+    d_ok = offs_d < HEAD
+    offs_half = tl.arange(0, ROT_HALF_P)
+    half_ok = offs_half < ROT_HALF
+    cs_rows = cos_sin_ptr + pos * stride_cs
+    cos = _load_rows(cs_rows, offs_half, 1, pos_ok, half_ok, True, True).to(tl.float32)
+    sin = _load_rows(cs_rows, ROT_HALF + offs_half, 1, pos_ok, half_ok, True, True).to(tl.float32)
+    for h in range(num_kv_heads):
+        k_rows = k_ptr + phys * stride_kb + offs_s * stride_ks + h * stride_kh
+        v_rows = v_ptr + phys * stride_vb + offs_s * stride_vs + h * stride_vh
+        # Output pages are contiguous (blocks, block_size, heads, head_size).
+        o_rows = (out_blk * KV_BLOCK_SIZE + offs_s) * (num_kv_heads * HEAD) + h * HEAD
+        x = _load_rows(k_rows, offs_d, stride_kd, pos_ok, d_ok, True, True)
+        x1, x2 = _load_rotary_pair(
+            k_rows, stride_kd, pos_ok, KV_BLOCK_SIZE, ROT_HALF, ROT_HALF_P, IS_NEOX, True, True
+        )
+        r1 = (x1.to(tl.float32) * cos - x2.to(tl.float32) * sin).to(x.dtype)
+        r2 = (x2.to(tl.float32) * cos + x1.to(tl.float32) * sin).to(x.dtype)
+        st_mask = pos_ok[:, None] & half_ok[None, :]
+        if IS_NEOX:
+            tl.store(k_out_ptr + o_rows[:, None] + offs_half[None, :], r1, mask=st_mask)
+            tl.store(k_out_ptr + o_rows[:, None] + (ROT_HALF + offs_half)[None, :], r2, mask=st_mask)
+        else:
+            even = 2 * offs_half
+            tl.store(k_out_ptr + o_rows[:, None] + even[None, :], r1, mask=st_mask)
+            tl.store(k_out_ptr + o_rows[:, None] + (even + 1)[None, :], r2, mask=st_mask)
+        pass_ok = pos_ok[:, None] & (d_ok & (offs_d >= 2 * ROT_HALF))[None, :]
+        tl.store(k_out_ptr + o_rows[:, None] + offs_d[None, :], x, mask=pass_ok)
+        v = _load_rows(v_rows, offs_d, stride_vd, pos_ok, d_ok, True, True)
+        tl.store(v_out_ptr + o_rows[:, None] + offs_d[None, :], v, mask=pos_ok[:, None] & d_ok[None, :])
+
+
+def rotate_kv_to_dense_pages(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pre-pass for a stock (rotating-nothing) attention kernel such as FlashAttention.
+
+    Copies every request's keys, rotated by their index in the request, and values into
+    fresh contiguous pages ``(num_reqs * max_blocks, block_size, num_kv_heads,
+    head_size)``; returns ``(keys, values, dense_block_table)``. A block shared by two
+    requests (or present twice in one) gets one rotated copy per use. Positions past a
+    request's length are left unwritten. No host sync.
+    """
+    num_reqs, max_blocks = block_table.shape
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    shape = (num_reqs * max_blocks, block_size, num_kv_heads, head_size)
+    k_out = torch.empty(shape, dtype=key_cache.dtype, device=key_cache.device)
+    v_out = torch.empty(shape, dtype=value_cache.dtype, device=value_cache.device)
+    table = torch.arange(num_reqs * max_blocks, dtype=torch.int32, device=block_table.device)
+    table = table.view(num_reqs, max_blocks)
+    if num_reqs == 0 or max_blocks == 0:
+        return k_out, v_out, table
+    rot_half = rotary_dim // 2
+    _rotate_kv_pages_kernel[(num_reqs, max_blocks)](
+        k_out, v_out, key_cache, value_cache, block_table, seq_lens, cos_sin,
+        num_kv_heads, max_blocks, *key_cache.stride(), *value_cache.stride(), *block_table.stride(),
+        cos_sin.stride(0),
+        HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
+        IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, num_warps=4,
+    )  # fmt: skip
+    return k_out, v_out, table
 
 
 # --------------------------------------------------------------------------------------
@@ -465,25 +610,25 @@ class AttentionConfig:
 _PREFILL_CONFIGS = {
     "small_head": (  # head_size <= 128
         AttentionConfig(128, 64, 8, 3),
-        AttentionConfig(128, 128, 8, 2),
+        AttentionConfig(128, 64, 8, 2),
+        AttentionConfig(128, 32, 8, 3),
         AttentionConfig(64, 64, 4, 3),
-        AttentionConfig(128, 32, 4, 3),
     ),
     "large_head": (  # head_size > 128
-        AttentionConfig(64, 64, 4, 2),
-        AttentionConfig(128, 64, 8, 2),
-        AttentionConfig(64, 32, 4, 3),
+        AttentionConfig(128, 32, 8, 2),
+        AttentionConfig(64, 64, 8, 2),
+        AttentionConfig(64, 32, 4, 2),
     ),
 }
 _DECODE_CONFIGS = {
     "small_head": (
+        AttentionConfig(16, 32, 4, 3),
         AttentionConfig(16, 64, 4, 3),
-        AttentionConfig(16, 128, 4, 3),
-        AttentionConfig(16, 32, 4, 4),
+        AttentionConfig(16, 64, 8, 3),
     ),
     "large_head": (
-        AttentionConfig(16, 64, 4, 2),
         AttentionConfig(16, 32, 4, 3),
+        AttentionConfig(16, 64, 8, 2),
     ),
 }
 
@@ -575,24 +720,26 @@ def _launch(
     _paged_rope_attention_kernel[grid](
         out, query, key_cache, value_cache, block_table, args["query_start_loc"], args["seq_lens"],
         window_starts, cos_sin, part_acc, part_ml,
-        args["scale"] * _LOG2E, prob.num_reqs,
+        args["scale"] * _LOG2E, prob.num_reqs, splits,
         *query.stride(), *out.stride(), *key_cache.stride(), *value_cache.stride(),
         *block_table.stride(), *window_starts.stride(), cos_sin.stride(0),
         HEAD=prob.head_size, HEAD_P=head_p,
         ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
         PASS=pass_dim, PASS_P=_pow2(pass_dim, 16),
         IS_NEOX=args["is_neox"], GROUP=prob.group, GROUP_P=group_p,
+        ROT_PADDED=rot_half != _pow2(rot_half, 16), PASS_PADDED=pass_dim != _pow2(pass_dim, 16),
+        HEAD_PADDED=prob.head_size != head_p,
         KV_BLOCK_SIZE=prob.kv_block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
-        NUM_SPLITS=splits, ONE_TILE_PER_REQ=one_tile, SKIP_QLEN_LE=skip_le, REVERSE_TILES=reverse,
+        USE_SPLITS=splits > 1, ONE_TILE_PER_REQ=one_tile, SKIP_QLEN_LE=skip_le, REVERSE_TILES=reverse,
         DOT_PRECISION=dot_precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(num_tiles, prob.num_kv_heads)](
-            out, part_acc, part_ml, args["query_start_loc"], prob.num_reqs, *out.stride(),
+            out, part_acc, part_ml, args["query_start_loc"], prob.num_reqs, splits, *out.stride(),
             HEAD=prob.head_size, HEAD_P=head_p, GROUP=prob.group, GROUP_P=group_p,
-            BLOCK_M=block_m, BLOCK_Q=block_q, NUM_SPLITS=splits, ONE_TILE_PER_REQ=one_tile,
+            BLOCK_M=block_m, BLOCK_Q=block_q, ONE_TILE_PER_REQ=one_tile,
             SKIP_QLEN_LE=skip_le, num_warps=4,
         )  # fmt: skip
 
@@ -674,14 +821,17 @@ def paged_rope_attention_with_config(
     prefill_config: AttentionConfig | None = None,
     decode_config: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    """`paged_rope_attention` with explicit launch configurations (None: tuned/default)."""
+    """`paged_rope_attention` with explicit launch configurations (None: tuned/default).
+
+    ``rotary_dim=0`` (this entry point only) treats the cached keys as already rotated.
+    """
     num_tokens, num_q_heads, head_size = query.shape
     _, kv_block_size, num_kv_heads, kv_head_size = key_cache.shape
     if kv_head_size != head_size or value_cache.shape != key_cache.shape:
         raise ValueError("key_cache/value_cache must be (num_blocks, block_size, num_kv_heads, head_size)")
     if num_q_heads % num_kv_heads:
         raise ValueError("num_q_heads must be a multiple of num_kv_heads")
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_size or cos_sin.shape[-1] != rotary_dim:
+    if rotary_dim % 2 or not 0 <= rotary_dim <= head_size or (rotary_dim and cos_sin.shape[-1] != rotary_dim):
         raise ValueError("rotary_dim must be even, <= head_size, and match cos_sin's last dim")
     if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
         raise ValueError("query, key_cache and value_cache must share a dtype")

@@ -69,7 +69,10 @@ def read_samples(path: Path, *, max_tokens: int) -> list[Sample]:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            sample = _parse_sample(line, max_tokens, lambda reason: BatchInputError(str(path), number, reason))
+            try:
+                sample = _parse_sample(line, max_tokens)
+            except ValueError as exc:
+                raise BatchInputError(str(path), number, str(exc)) from None
             if sample.id in seen:
                 raise BatchInputError(
                     str(path), number, f"id {sample.id!r} already used on line {seen[sample.id]}"
@@ -79,33 +82,31 @@ def read_samples(path: Path, *, max_tokens: int) -> list[Sample]:
     return samples
 
 
-def _parse_sample(
-    line: str, max_tokens: int, error: Callable[[str], BatchInputError]
-) -> Sample:
+def _parse_sample(line: str, max_tokens: int) -> Sample:
+    """One input line as a sample; raises ValueError saying what is wrong with it."""
     try:
         record = json.loads(line)
     except ValueError as exc:
-        raise error(f"not JSON ({exc})") from None
+        raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(record, dict):
-        raise error(f"expected a JSON object, got {type(record).__name__}")
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     sample_id = record.get("id")
     if not isinstance(sample_id, (str, int)) or isinstance(sample_id, bool):
-        raise error(f"'id' must be a string or an integer, got {sample_id!r}")
+        raise ValueError(f"'id' must be a string or an integer, got {sample_id!r}")
     system = record.get("system")
     if system is not None and not isinstance(system, str):
-        raise error(f"'system' must be a string, got {type(system).__name__}")
+        raise ValueError(f"'system' must be a string, got {type(system).__name__}")
     docs = record.get("docs", [])
     if not isinstance(docs, list):
-        raise error(f"'docs' must be a list of strings, got {type(docs).__name__}")
+        raise ValueError(f"'docs' must be a list of strings, got {type(docs).__name__}")
     try:
         check_documents(docs)
     except InvalidDocumentError as exc:
-        raise error(f"'docs': {exc}") from None
+        raise ValueError(f"'docs': {exc}") from None
     task = record.get("task")
     if not isinstance(task, str) or not task.strip():
-        raise error(f"'task' must be a non-empty string, got {task!r}")
-    request = RagRequest(task=task, docs=docs, system=system, max_tokens=max_tokens)
-    return Sample(sample_id, request)
+        raise ValueError(f"'task' must be a non-empty string, got {task!r}")
+    return Sample(sample_id, RagRequest(task=task, docs=docs, system=system, max_tokens=max_tokens))
 
 
 def pending_samples(samples: Sequence[Sample], output: Path) -> list[Sample]:

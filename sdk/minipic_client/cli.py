@@ -7,15 +7,20 @@ still run ``minipic batch`` and ``minipic rag``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, List, Optional, TypeVar
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from minipic_client.scheduler import Strategy
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from minipic_client.batch import BatchSummary, Sample
+    from minipic_client.client import RagResult
 
 app = typer.Typer(
     help="MiniPIC: position-independent KV caching for vLLM.",
@@ -73,16 +78,17 @@ def make_tiny_model(
     typer.echo(f"wrote tiny model to {path}")
 
 
-def _run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a client coroutine; MiniPIC errors end the command with their message."""
+@contextmanager
+def _errors_reported() -> Iterator[None]:
+    """End the command with the message of any MiniPIC error, not a traceback."""
     from rich.console import Console
 
     from minipic_client.errors import MiniPICError
 
     try:
-        return asyncio.run(coroutine)
+        yield
     except MiniPICError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
 
 
@@ -103,57 +109,60 @@ def batch(
         help='Results, one {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens"} per line; '
         "re-running with the same file resumes it.",
     ),
-    strategy: Strategy = typer.Option(Strategy.ISPS, help="Scheduling: isps, batched or baseline (PIC off)."),
+    strategy: Strategy = typer.Option(
+        Strategy.ISPS, help="Scheduling; baseline sends plain prompts (PIC off)."
+    ),
     max_in_flight: Optional[int] = typer.Option(
         None, min=1, help="Concurrent requests (default: the server's max_num_seqs)."
     ),
     max_tokens: int = _MAX_TOKENS,
     tokenizer: Optional[str] = _TOKENIZER,
 ) -> None:
-    """Answer every sample of a JSONL file, resumably."""
+    """Answer every sample of a JSONL file; resumable."""
     from rich.console import Console
 
     from minipic_client.batch import pending_samples, read_samples
 
-    console = Console(stderr=True, highlight=False)
-    samples = _run(_checked(lambda: read_samples(input_path, max_tokens=max_tokens)))
-    todo = _run(_checked(lambda: pending_samples(samples, output)))
-    if len(todo) < len(samples):
-        console.print(f"resuming {output}: {len(samples) - len(todo)} of {len(samples)} samples done")
-    summary = _run(_batch(server, todo, output, strategy, max_in_flight, tokenizer, console))
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    with _errors_reported():
+        samples = read_samples(input_path, max_tokens=max_tokens)
+        todo = pending_samples(samples, output)
+        if len(todo) < len(samples):
+            console.print(f"resuming {output}: {len(samples) - len(todo)} of {len(samples)} samples done")
+        summary = asyncio.run(_batch(server, todo, output, strategy, max_in_flight, tokenizer, console))
     p50, p99 = summary.ttft_percentile(50), summary.ttft_percentile(99)
     ttft = f"TTFT p50 {p50:.3f} s, p99 {p99:.3f} s" if p50 is not None and p99 is not None else "no TTFT"
+    failed = f"; [red]{summary.failed} failed[/red]" if summary.failed else ""
     console.print(
         f"{summary.completed} samples in {summary.elapsed_s:.1f} s: "
         f"{summary.samples_per_s:.2f} samples/s, {summary.cached_fraction:.1%} of prompt tokens "
-        f"cached, {ttft}" + (f"; [red]{summary.failed} failed[/red]" if summary.failed else "")
+        f"cached, {ttft}{failed}"
     )
     if summary.failed:
         raise typer.Exit(1)
 
 
-async def _checked(read: Any) -> Any:
-    """Input checks raise MiniPIC errors; routing them through `_run` reports them alike."""
-    return read()
-
-
 async def _batch(
-    server: str, todo: list[Any], output: Path, strategy: Strategy,
-    max_in_flight: Optional[int], tokenizer: Optional[str], console: Any,
-) -> Any:
+    server: str,
+    todo: list[Sample],
+    output: Path,
+    strategy: Strategy,
+    max_in_flight: int | None,
+    tokenizer: str | None,
+    console: Console,
+) -> BatchSummary:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
     from minipic_client.batch import run_batch
     from minipic_client.client import SpanClient
     from minipic_client.errors import MiniPICError
 
-    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     async with SpanClient(server, tokenizer=tokenizer, max_in_flight=max_in_flight) as client:
         with Progress(*columns, console=console) as progress:
             bar = progress.add_task(strategy.value, total=len(todo))
 
-            def on_done(sample: Any, outcome: Any) -> None:
+            def on_done(sample: Sample, outcome: RagResult | MiniPICError) -> None:
                 if isinstance(outcome, MiniPICError):
                     progress.console.print(f"[red]sample {sample.id!r} failed:[/red] {outcome}")
                 progress.advance(bar)
@@ -166,7 +175,7 @@ def rag(
     server: str = _SERVER,
     task: str = typer.Option(..., "--task", help="The question or instruction."),
     doc: List[Path] = typer.Option(
-        [], "--doc", exists=True, dir_okay=False, help="A document file (a span); repeat for more."
+        [], "--doc", exists=True, dir_okay=False, help="A document file (one span); repeat for more."
     ),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = _MAX_TOKENS,
@@ -177,16 +186,17 @@ def rag(
 
     from minipic_client.client import SpanClient
 
-    docs = [path.read_text(encoding="utf-8") for path in doc]
-
-    async def answer() -> Any:
+    async def answer() -> RagResult:
         async with SpanClient(server, tokenizer=tokenizer) as client:
             return await client.rag(system=system, docs=docs, task=task, max_tokens=max_tokens)
 
-    result = _run(answer())
+    docs = [path.read_text(encoding="utf-8") for path in doc]
+    with _errors_reported():
+        result = asyncio.run(answer())
     typer.echo(result.text)
-    Console(stderr=True, highlight=False).print(
-        f"TTFT {result.ttft_s:.3f} s, {result.cached_tokens} of {result.prompt_tokens} prompt tokens cached",
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"TTFT {result.ttft_s:.3f} s, {result.cached_tokens} of {result.prompt_tokens} "
+        "prompt tokens cached",
         style="dim",
     )
 

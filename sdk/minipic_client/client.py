@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from minipic_client.config import ServerInfo
-from minipic_client.errors import ConfigError, MiniPICError, PromptError, PromptTooLongError
+from minipic_client.errors import (
+    ConfigError,
+    MiniPICError,
+    PromptError,
+    PromptTooLongError,
+    ServerError,
+    TransportError,
+)
 from minipic_client.prompt import (
     BlockAttention,
     ChatTemplate,
@@ -116,6 +123,17 @@ class _Completion:
         )
 
 
+@dataclass(slots=True)
+class _Session:
+    """What `connect` learns; everything that needs it is built here at once."""
+
+    info: ServerInfo
+    tokenizer: PreTrainedTokenizerBase
+    builder: PromptBuilder
+    chat: ChatTemplate | None
+    scheduler: Scheduler
+
+
 class SpanClient:
     """A MiniPIC server's client: lays prompts out as spans, prefills each span
     once, and sends final prompts under the server's concurrency limit.
@@ -130,6 +148,17 @@ class SpanClient:
     ``instance_id`` makes it forget its prefills, so the next calls prefill again.
     A restart that changes the model, tokenizer, block size or markers raises
     `ConfigError`: prompts built for the old server would be wrong.
+
+    Args:
+        base_url: the server, e.g. ``http://127.0.0.1:8000``.
+        tokenizer: a tokenizer, or its path or Hugging Face name, when the
+            server's tokenizer path is not readable here.
+        max_in_flight: concurrent requests (default: the server's ``max_num_seqs``).
+        retry: backoff for connection errors, 429 and 5xx.
+        timeout: httpx timeout per request.
+        transport: an httpx transport (``httpx.MockTransport`` in tests).
+        on_request: called with a `RequestEvent` after every request.
+        info_check_interval_s: least time between two restart checks.
     """
 
     def __init__(
@@ -156,11 +185,7 @@ class SpanClient:
         self._info_check_interval_s = info_check_interval_s
         self._info_checked_at = float("-inf")
         self._modules: dict[str, str] = {}
-        self._info: ServerInfo | None = None
-        self._builder: PromptBuilder
-        self._chat: ChatTemplate | None
-        self._scheduler: Scheduler
-        self.tokenizer: PreTrainedTokenizerBase
+        self._session: _Session | None = None
 
     async def __aenter__(self) -> SpanClient:
         try:
@@ -178,28 +203,29 @@ class SpanClient:
         info = await self._fetch_info()
         tokenizer = self._tokenizer_arg
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-            tokenizer = await asyncio.to_thread(_load_tokenizer, os.fspath(tokenizer or info.tokenizer))
+            tokenizer = await asyncio.to_thread(
+                _load_tokenizer, os.fspath(tokenizer or info.tokenizer)
+            )
         if max(info.marker_ids) >= len(tokenizer):
             raise ConfigError(
                 f"marker ids {sorted(info.marker_ids)} are outside the tokenizer's "
                 f"{len(tokenizer)} tokens: is it the server's tokenizer?"
             )
-        self.tokenizer = tokenizer
-        self._builder = PromptBuilder(
+        builder = PromptBuilder(
             TokenCache(tokenizer, info.marker_ids),
             block_size=info.block_size,
             ssep_token_id=info.ssep_token_id,
             pdep_token_id=info.pdep_token_id,
             pad_token_id=info.pad_token_id,
         )
-        self._chat = ChatTemplate(tokenizer) if tokenizer.chat_template else None
-        self._scheduler = Scheduler(
+        scheduler = Scheduler(
             self._conn,
             model=info.model,
             max_in_flight=self._max_in_flight or info.max_num_seqs,
             on_request=self._on_request,
         )
-        self._info = info
+        chat = ChatTemplate(tokenizer) if tokenizer.chat_template else None
+        self._session = _Session(info, tokenizer, builder, chat, scheduler)
         return info
 
     async def aclose(self) -> None:
@@ -207,9 +233,19 @@ class SpanClient:
 
     @property
     def info(self) -> ServerInfo:
-        if self._info is None:
-            raise ConfigError("not connected: use `async with SpanClient(...)` or `await connect()`")
-        return self._info
+        return self._live.info
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._live.tokenizer
+
+    @property
+    def _live(self) -> _Session:
+        if self._session is None:
+            raise ConfigError(
+                "not connected: use `async with SpanClient(...)` or `await connect()`"
+            )
+        return self._session
 
     def add_module(self, name: str, text: str) -> None:
         """Prompt Cache: register a named reusable module (a span) for ``rag(modules=[name])``."""
@@ -224,13 +260,18 @@ class SpanClient:
         add_special_tokens: bool = True,
     ) -> PromptLayout:
         """Token layout of a part-built prompt; raises `PromptTooLongError` before sending."""
-        max_model_len = self.info.max_model_len
-        layout = self._builder.build(parts, pic=strategy.pic, add_special_tokens=add_special_tokens)
+        session = self._live
+        max_model_len = session.info.max_model_len
+        layout = session.builder.build(
+            parts, pic=strategy.pic, add_special_tokens=add_special_tokens
+        )
         if len(layout.token_ids) >= max_model_len:
             raise PromptTooLongError(len(layout.token_ids), max_model_len)
         return layout
 
-    def rag_layout(self, request: RagRequest, *, strategy: Strategy = Strategy.ISPS) -> PromptLayout:
+    def rag_layout(
+        self, request: RagRequest, *, strategy: Strategy = Strategy.ISPS
+    ) -> PromptLayout:
         """Token layout of a RAG prompt: the chat template's turns unless `raw` or the
         tokenizer has none, then ``[BOS system][modules][documents][PDep task]``."""
         check_documents(request.docs)
@@ -238,8 +279,9 @@ class SpanClient:
             raise PromptError(f"task must be a non-empty string, got {request.task!r}")
         spans = [Span(self._module(name)) for name in request.modules]
         spans += [request.technique.span(doc) for doc in request.docs]
-        if self._chat is not None and not request.raw:
-            parts = self._chat.parts(request.system, spans, request.task)
+        chat = self._live.chat
+        if chat is not None and not request.raw:
+            parts = chat.parts(request.system, spans, request.task)
             return self.layout(parts, strategy=strategy, add_special_tokens=False)
         head: list[Part] = [Text(request.system)] if request.system else []
         return self.layout([*head, *spans, Dependent(request.task)], strategy=strategy)
@@ -292,11 +334,14 @@ class SpanClient:
         max_tokens: int = 64,
         temperature: float = 0.0,
         strategy: Strategy = Strategy.ISPS,
-    ) -> AsyncIterator[str]:
-        """`rag`, yielding text deltas as they are generated."""
+    ) -> AsyncGenerator[str, None]:
+        """`rag`, yielding text deltas as they are generated.
+
+        The stream holds one request slot until it ends; to stop early, close it
+        (``async with contextlib.aclosing(client.rag_stream(...)) as deltas``)."""
         request = RagRequest(task, docs, system, modules, technique, raw, max_tokens, temperature)
         job = self._job(request, strategy)
-        await self._scheduler.prefill(job.prefills)
+        await self._live.scheduler.prefill(job.prefills)
         async with aclosing(self._generate(job, _Completion())) as deltas:
             async for delta in deltas:
                 if delta:
@@ -308,12 +353,12 @@ class SpanClient:
         *,
         strategy: Strategy = Strategy.ISPS,
         window: int | None = None,
-    ) -> AsyncIterator[tuple[int, RagResult | MiniPICError]]:
+    ) -> AsyncGenerator[tuple[int, RagResult | MiniPICError], None]:
         """Run many samples under `strategy`; yield ``(index, result or error)`` as
         each finishes. A sample's error does not stop the others. See
         `Scheduler.run` for `window`."""
         jobs = (self._job_or_error(request, strategy) for request in requests)
-        outcomes = self._scheduler.run(jobs, strategy, self._complete, window=window)
+        outcomes = self._live.scheduler.run(jobs, strategy, self._complete, window=window)
         async with aclosing(outcomes):
             async for outcome in outcomes:
                 yield outcome
@@ -335,15 +380,15 @@ class SpanClient:
             return exc
 
     async def _complete(self, job: _Job, started: float) -> RagResult:
-        await self._scheduler.prefill(job.prefills)
+        await self._live.scheduler.prefill(job.prefills)
         completion = _Completion()
         async with aclosing(self._generate(job, completion)) as deltas:
             async for _ in deltas:
                 pass
         return completion.result(started, job.layout)
 
-    async def _generate(self, job: _Job, completion: _Completion) -> AsyncIterator[str]:
-        events = self._scheduler.stream(
+    async def _generate(self, job: _Job, completion: _Completion) -> AsyncGenerator[str, None]:
+        events = self._live.scheduler.stream(
             job.layout.token_ids, max_tokens=job.max_tokens, temperature=job.temperature
         )
         async with aclosing(events):
@@ -359,8 +404,14 @@ class SpanClient:
         if now - self._info_checked_at < self._info_check_interval_s:
             return
         self._info_checked_at = now
-        info = await self._fetch_info()
-        old = self.info
+        try:
+            info = await self._fetch_info()
+        except (ServerError, TransportError) as exc:
+            # The completion itself succeeded; the next shortfall checks again.
+            logger.warning("could not re-read /minipic/info: %s", exc)
+            return
+        session = self._live
+        old = session.info
         if info.instance_id == old.instance_id:
             return
         if info.layout_key != old.layout_key:
@@ -369,8 +420,8 @@ class SpanClient:
                 f"{info.layout_key}); create a new SpanClient"
             )
         logger.info("server restarted (instance %s): prefilling spans again", info.instance_id)
-        self._scheduler.forget()
-        self._info = info
+        session.scheduler.forget()
+        session.info = info
 
     async def _fetch_info(self) -> ServerInfo:
         return ServerInfo.from_json(await self._conn.get_json("/minipic/info"))

@@ -35,7 +35,7 @@ class ServerInfo:
         """Parse the endpoint's JSON; unknown keys are ignored so servers can add some."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"/minipic/info returned {type(data).__name__}, not an object")
-        values = {}
+        values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             value = data.get(field.name)
             if field.type == "int":

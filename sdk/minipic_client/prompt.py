@@ -27,7 +27,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from minipic_client.errors import ConfigError, InvalidDocumentError, PromptError
 from minipic_client.tokens import TokenCache, TokenIds
@@ -181,7 +181,8 @@ class PromptBuilder:
     def _build_segment(
         self, opener: _Opener, texts: tuple[Text, ...], leading: bool, followed: bool
     ) -> tuple[_Piece, ...]:
-        trailing = tuple(t for text in texts for t in self._tokens.encode(text.text, template=text.template))
+        encode = self._tokens.encode
+        trailing = tuple(t for text in texts for t in encode(text.text, template=text.template))
         if opener is None:
             ids = (self._tokens.leading_ids if leading else ()) + trailing
             if not ids:
@@ -192,16 +193,16 @@ class PromptBuilder:
             return (_Piece(ids, Prefill.of("prefix", ids)),)
         body = self._tokens.encode(opener.text)
         if isinstance(opener, Dependent):
-            ids = (self._pdep,) + body + trailing
+            ids = (self._pdep, *body, *trailing)
             return (_Piece(self._pad(ids) if followed else ids, None),)
         head_len = opener.recompute_blocks * self._block - 1
         if opener.recompute_blocks and head_len >= len(body):
-            return (_Piece(self._pad((self._pdep,) + body), None),)
+            return (_Piece(self._pad((self._pdep, *body)), None),)
         pieces = []
         if opener.recompute_blocks:
-            pieces.append(_Piece((self._pdep,) + body[:head_len], None))
+            pieces.append(_Piece((self._pdep, *body[:head_len]), None))
             body = body[head_len:]
-        tail = self._pad((self._ssep,) + body)
+        tail = self._pad((self._ssep, *body))
         pieces.append(_Piece(tail, Prefill.of("span", tail)))
         return tuple(pieces)
 
@@ -279,8 +280,11 @@ class ChatTemplate:
         if with_system:
             messages.insert(0, {"role": "system", "content": _SYSTEM})
         try:
-            rendered = self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+            rendered = cast(
+                str,
+                self._tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                ),
             )
         except TemplateError as exc:
             raise ConfigError(

@@ -42,7 +42,9 @@ class SpanRAG(_Base):
         **rag_options: Any,
     ) -> None:
         if not (hasattr(retriever, "ainvoke") or hasattr(retriever, "invoke")):
-            raise TypeError(f"{type(retriever).__name__} is not a retriever: it has no ainvoke/invoke")
+            raise TypeError(
+                f"{type(retriever).__name__} is not a retriever: it has no ainvoke/invoke"
+            )
         self.retriever = retriever
         self.client = client
         self.system = system

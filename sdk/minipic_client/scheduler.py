@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -70,6 +70,8 @@ R = TypeVar("R")
 
 
 class Scheduler:
+    """Sends a client's prefill and final requests: slots, prefill dedup, policies."""
+
     def __init__(
         self,
         connection: Connection,
@@ -101,7 +103,7 @@ class Scheduler:
 
     async def stream(
         self, token_ids: Sequence[int], *, max_tokens: int, temperature: float
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Stream a final prompt's completion events while holding one slot."""
         body = {
             "model": self._model,
@@ -127,10 +129,10 @@ class Scheduler:
         self,
         jobs: Iterable[J | MiniPICError],
         strategy: Strategy,
-        complete: Callable[[J, float], Awaitable[R]],
+        complete: Callable[[J, float], Coroutine[Any, Any, R]],
         *,
         window: int | None = None,
-    ) -> AsyncIterator[tuple[int, R | MiniPICError]]:
+    ) -> AsyncGenerator[tuple[int, R | MiniPICError], None]:
         """Complete `jobs`, yielding ``(index, result or error)`` as each one finishes.
 
         ``complete(job, started)`` awaits the job's own prefills, then its final.
@@ -200,7 +202,9 @@ class Scheduler:
         cached = usage.cached_tokens if usage is not None else None
         self._emit(prefill.kind, len(prefill.token_ids), cached, start)
 
-    def _emit(self, kind: RequestKind, prompt_tokens: int, cached: int | None, start: float) -> None:
+    def _emit(
+        self, kind: RequestKind, prompt_tokens: int, cached: int | None, start: float
+    ) -> None:
         if self._on_request is not None:
             duration = time.perf_counter() - start
             self._on_request(RequestEvent(kind, prompt_tokens, cached, duration))

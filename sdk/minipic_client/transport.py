@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,10 @@ def usage_of(event: dict[str, Any]) -> Usage | None:
     return Usage(usage["prompt_tokens"], details.get("cached_tokens"))
 
 
+# A stream whose first event arrived: the response, its remaining events, that event.
+_Opened = tuple[httpx.Response, AsyncGenerator[dict[str, Any], None], dict[str, Any]]
+
+
 class Connection:
     """One server's HTTP API; every method raises only `MiniPICError` subclasses."""
 
@@ -80,16 +84,19 @@ class Connection:
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
         return await self._retry.retrying()(self._send_json, "POST", path, body)
 
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """SSE data events of a streaming POST. Retried until the first event arrives;
         a connection lost after it raises `StreamInterruptedError`."""
-        response, events, first = await self._retry.retrying()(self._open_stream, path, body)
+        opened: _Opened = await self._retry.retrying()(self._open_stream, path, body)
+        response, events, first = opened
         try:
             yield first
             async for event in events:
                 yield event
         except httpx.TransportError as exc:
-            raise StreamInterruptedError(f"stream from {path} broke after its first chunk: {exc!r}") from exc
+            raise StreamInterruptedError(
+                f"stream from {path} broke after its first chunk: {exc!r}"
+            ) from exc
         finally:
             await events.aclose()
             await response.aclose()
@@ -105,9 +112,7 @@ class Connection:
         except ValueError as exc:
             raise ServerError(response.status_code, f"invalid JSON from {path}: {exc}") from exc
 
-    async def _open_stream(
-        self, path: str, body: dict[str, Any]
-    ) -> tuple[httpx.Response, AsyncGenerator[dict[str, Any], None], dict[str, Any]]:
+    async def _open_stream(self, path: str, body: dict[str, Any]) -> _Opened:
         request = self._http.build_request("POST", path, json=body)
         try:
             response = await self._http.send(request, stream=True)
@@ -142,7 +147,9 @@ async def _sse_events(response: httpx.Response) -> AsyncGenerator[dict[str, Any]
         try:
             event = json.loads(data)
         except ValueError as exc:
-            raise ServerError(response.status_code, f"malformed stream event {data[:80]!r}") from exc
+            raise ServerError(
+                response.status_code, f"malformed stream event {data[:80]!r}"
+            ) from exc
         error = event.get("error")
         if error is not None:
             raise _api_error(error.get("code") or 500, _message(event))

@@ -1,0 +1,202 @@
+"""Client-SDK test helpers: an in-process fake `minipic serve` behind httpx.MockTransport.
+
+The fake implements ``/minipic/info`` and ``/v1/completions`` (JSON and SSE),
+simulates vLLM's prefix cache under MiniPIC's hashing rules (so
+``cached_tokens`` means what it means on a real server), records every request
+in order, and injects faults on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from minipic_client import RetryPolicy, SpanClient
+from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
+
+BLOCK_SIZE = 16
+FAST_RETRY = RetryPolicy(attempts=4, total_s=5.0, initial_backoff_s=0.001, max_backoff_s=0.01)
+
+
+@dataclass
+class Recorded:
+    kind: str  # "prefix", "span", "final" (streamed) or "other"
+    prompt: list[int]
+    body: dict[str, Any]
+    received: int  # FakeServer's clock: when the request arrived
+    completed: int | None = None  # when its answer was ready
+
+
+class FakeServer:
+    """A MiniPIC server stand-in.
+
+    `faults` is consumed one entry per ``/v1/completions`` request: ``"503"``,
+    ``"429"``, ``"400"`` (answers that status), ``"drop"`` (connection error
+    before an answer), ``"break"`` (a stream that dies after its first chunk).
+    """
+
+    def __init__(
+        self, model_dir: Path, tokenizer: Any, *, max_num_seqs: int = 8, delay_s: float = 0.0
+    ):
+        vocab = tokenizer.get_vocab()
+        self.ssep, self.pdep, self.pad = vocab[SSEP_TOKEN], vocab[PDEP_TOKEN], vocab[PAD_TOKEN]
+        self.info: dict[str, Any] = {
+            "block_size": BLOCK_SIZE,
+            "ssep_token_id": self.ssep,
+            "pdep_token_id": self.pdep,
+            "pad_token_id": self.pad,
+            "max_num_seqs": max_num_seqs,
+            "max_model_len": 2048,
+            "model": "tiny",
+            "tokenizer": str(model_dir),
+            "vllm_version": "fake",
+            "minipic_version": "fake",
+            "instance_id": uuid.uuid4().hex,
+        }
+        self.delay_s = delay_s
+        self.faults: deque[str] = deque()
+        self.requests: list[Recorded] = []
+        self._clock = itertools.count()  # orders arrivals and completions
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self._cache: set[int] = set()
+
+    @property
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def restart(self) -> None:
+        self._cache.clear()
+        self.info = dict(self.info, instance_id=uuid.uuid4().hex)
+
+    def of_kind(self, kind: str) -> list[Recorded]:
+        return [r for r in self.requests if r.kind == kind]
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/minipic/info":
+            return httpx.Response(200, json=self.info)
+        body = json.loads(request.content)
+        record = self._record(body)
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+            return self._answer(record, self.faults.popleft() if self.faults else None)
+        finally:
+            self.in_flight -= 1
+
+    def _record(self, body: dict[str, Any]) -> Recorded:
+        prompt = list(body["prompt"])
+        if body.get("stream"):
+            kind = "final"
+        elif body.get("max_tokens") == 1:
+            kind = "span" if prompt[0] == self.ssep else "prefix"
+        else:
+            kind = "other"
+        record = Recorded(kind, prompt, body, next(self._clock))
+        self.requests.append(record)
+        return record
+
+    def _answer(self, record: Recorded, fault: str | None) -> httpx.Response:
+        if fault == "drop":
+            raise httpx.ConnectError("connection refused (injected)")
+        if fault in ("503", "429", "400"):
+            message = f"injected {fault}"
+            return httpx.Response(
+                int(fault), json={"error": {"message": message, "code": int(fault)}}
+            )
+        usage = {
+            "prompt_tokens": len(record.prompt),
+            "completion_tokens": record.body["max_tokens"],
+            "prompt_tokens_details": {"cached_tokens": self._lookup_and_insert(record.prompt)},
+        }
+        record.completed = next(self._clock)
+        tokens = [100 + i for i in range(record.body["max_tokens"])]
+        if not record.body.get("stream"):
+            choice = {
+                "index": 0,
+                "text": "".join(f"t{t} " for t in tokens),
+                "finish_reason": "length",
+            }
+            return httpx.Response(200, json={"choices": [choice], "usage": usage})
+        events = [
+            {"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": None}]}
+            for t in tokens
+        ]
+        events[-1]["choices"][0]["finish_reason"] = "length"
+        events.append({"choices": [], "usage": usage})
+        chunks = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=_broken(chunks[0]) if fault == "break" else _chunks(chunks),
+        )
+
+    def _block_hashes(self, ids: list[int]) -> list[int]:
+        """MiniPIC's rules: SSep blocks hash alone, PDep blocks over everything, others chain."""
+        hashes: list[int] = []
+        parent = 0
+        for start in range(0, len(ids) - BLOCK_SIZE + 1, BLOCK_SIZE):
+            block = tuple(ids[start : start + BLOCK_SIZE])
+            if block[0] == self.ssep:
+                parent = hash(("ssep", block))
+            elif block[0] == self.pdep:
+                parent = hash(("pdep", tuple(ids[: start + BLOCK_SIZE])))
+            else:
+                parent = hash((parent, block))
+            hashes.append(parent)
+        return hashes
+
+    def _lookup_and_insert(self, ids: list[int]) -> int:
+        """vLLM's lookup: the leading run of cached blocks, never the whole prompt."""
+        hashes = self._block_hashes(ids)
+        hits = 0
+        while hits < len(hashes) and hashes[hits] in self._cache:
+            hits += 1
+        self._cache.update(hashes)
+        return min(hits * BLOCK_SIZE, (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE)
+
+
+async def _chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def _broken(first: bytes) -> AsyncIterator[bytes]:
+    yield first
+    raise httpx.ReadError("connection reset (injected)")
+
+
+@pytest.fixture(scope="session")
+def sdk_tokenizer(tiny_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture
+def fake_server(tiny_model_dir: Path, sdk_tokenizer: Any) -> FakeServer:
+    return FakeServer(tiny_model_dir, sdk_tokenizer)
+
+
+@pytest.fixture
+def fake_client(fake_server: FakeServer, sdk_tokenizer: Any) -> Callable[..., SpanClient]:
+    """``fake_client(**options)``: a SpanClient on `fake_server`, fast retries, the tiny
+    tokenizer (``tokenizer=None`` loads the one the server names instead)."""
+
+    def make(**options: Any) -> SpanClient:
+        options.setdefault("retry", FAST_RETRY)
+        options.setdefault("tokenizer", sdk_tokenizer)
+        return SpanClient("http://fake", transport=fake_server.transport, **options)
+
+    return make

@@ -1,0 +1,232 @@
+"""SpanClient against the fake server: caching, dedup, ISPS/batched/baseline ordering, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from minipic_client import (
+    ConfigError,
+    Dependent,
+    Epic,
+    InvalidDocumentError,
+    PromptError,
+    PromptTooLongError,
+    RagRequest,
+    RagResult,
+    RequestEvent,
+    Span,
+    SpanClient,
+    Strategy,
+    Text,
+)
+
+if TYPE_CHECKING:
+    from sdk_fixtures import FakeServer, Recorded
+
+pytest_plugins = ["sdk_fixtures"]  # fake_server, fake_client, sdk_tokenizer
+
+SYSTEM = "Answer from the documents."
+DOCS = [f"Document {i}: the river {i} runs past mill number {i}.\n" for i in range(5)]
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+    n = len(needle)
+    # Segments start on block boundaries (the fake uses 16-token blocks).
+    return any(haystack[i : i + n] == needle for i in range(0, len(haystack) - n + 1, 16))
+
+
+async def test_rag_reports_prefix_and_documents_cached(fake_server, fake_client):
+    async with fake_client(tokenizer=None) as client:  # loads the tokenizer the server names
+        first = await client.rag(system=SYSTEM, docs=DOCS[:2], task="Which mill?", max_tokens=3)
+        layout = client.rag_layout(RagRequest("Which mill?", DOCS[:2], SYSTEM))
+        second = await client.rag(system=SYSTEM, docs=DOCS[1::-1], task="Other?", max_tokens=3)
+    assert first.text == "t100 t101 t102 " and first.token_ids == [100, 101, 102]
+    assert first.finish_reason == "length" and first.ttft_s > 0
+    assert first.cached_tokens == layout.cacheable_tokens > 0
+    assert first.prompt_tokens == len(layout.token_ids)
+    assert second.cached_tokens == layout.cacheable_tokens  # same spans, other order
+    assert [r.kind for r in fake_server.requests] == ["prefix", "span", "span", "final", "final"]
+
+
+async def test_concurrent_calls_share_one_prefill_per_document(fake_server, fake_client):
+    fake_server.delay_s = 0.005
+    events: list[RequestEvent] = []
+    async with fake_client(on_request=events.append) as client:
+        results = await asyncio.gather(
+            *(
+                client.rag(
+                    system=SYSTEM, docs=[DOCS[i % 5], DOCS[(i + 1) % 5]], task=f"q{i}", max_tokens=1
+                )
+                for i in range(50)
+            )
+        )
+    assert len(fake_server.of_kind("span")) == 5
+    assert len(fake_server.of_kind("prefix")) == 1
+    assert [e.kind for e in events].count("span") == 5
+    assert [e.kind for e in events].count("final") == 50
+    assert all(r.cached_tokens and r.cached_tokens >= r.prompt_tokens - 16 for r in results)
+    assert fake_server.peak_in_flight <= fake_server.info["max_num_seqs"]
+
+
+def many(n: int) -> list[RagRequest]:
+    return [
+        RagRequest(
+            f"q{i}", [DOCS[i % 5], f"Private note {i} about the school.\n"], SYSTEM, max_tokens=2
+        )
+        for i in range(n)
+    ]
+
+
+async def run_many(
+    server: FakeServer, make_client: Callable[..., SpanClient], strategy: Strategy, **options: Any
+) -> list[RagResult]:
+    server.delay_s = 0.002
+    async with make_client(max_in_flight=3) as client:
+        outcomes = [o async for o in client.rag_many(many(12), strategy=strategy, **options)]
+    assert sorted(i for i, _ in outcomes) == list(range(12))
+    assert server.peak_in_flight <= 3
+    return [result for _, result in outcomes]
+
+
+async def test_isps_sends_a_final_only_after_its_own_spans_without_a_barrier(
+    fake_server, fake_client
+):
+    results = await run_many(fake_server, fake_client, Strategy.ISPS)
+    finals = fake_server.of_kind("final")
+    for final in finals:
+        needed = [
+            r
+            for r in fake_server.requests
+            if r.kind in ("prefix", "span") and _contains(final.prompt, r.prompt)
+        ]
+        assert len(needed) == 3  # prefix and both documents
+        assert all(r.completed is not None and r.completed < final.received for r in needed)
+    # No global barrier: some final goes out before the last span prefill completes.
+    last_span_done = max(r.completed for r in fake_server.of_kind("span"))
+    assert min(f.received for f in finals) < last_span_done
+    assert all(isinstance(r, RagResult) and r.cached_tokens for r in results)
+
+
+async def test_batched_prefills_a_whole_batch_before_its_finals(
+    fake_server, fake_client, sdk_tokenizer
+):
+    await run_many(fake_server, fake_client, Strategy.BATCHED, window=4)
+    finals = fake_server.of_kind("final")
+    groups: dict[int, list[Recorded]] = {}
+    for final in finals:
+        groups.setdefault(task_index(final, fake_server, sdk_tokenizer) // 4, []).append(final)
+    assert sorted(groups) == [0, 1, 2] and all(len(g) == 4 for g in groups.values())
+    for group in groups.values():
+        spans = [
+            s for f in group for s in fake_server.of_kind("span") if _contains(f.prompt, s.prompt)
+        ]
+        assert max(s.completed for s in spans) < min(f.received for f in group)
+
+
+def task_index(final: Recorded, server: FakeServer, tokenizer: Any) -> int:
+    """The ``i`` of the ``q<i>`` task a final prompt carries after its PDep."""
+    tail = tokenizer.decode(final.prompt[final.prompt.index(server.pdep) + 1 :])
+    return int(re.match(r"q(\d+)", tail).group(1))
+
+
+async def test_baseline_sends_plain_prompts_only(fake_server, fake_client):
+    results = await run_many(fake_server, fake_client, Strategy.BASELINE)
+    assert {r.kind for r in fake_server.requests} == {"final"}
+    markers = {fake_server.ssep, fake_server.pdep, fake_server.pad}
+    assert all(not markers & set(r.prompt) for r in fake_server.requests)
+    assert all(isinstance(r, RagResult) for r in results)
+
+
+async def test_a_failing_sample_does_not_stop_the_others(fake_server, fake_client):
+    requests = [*many(3), RagRequest("q", ["x " * 5000]), RagRequest("q", [""])]
+    async with fake_client() as client:
+        outcomes = dict([o async for o in client.rag_many(requests)])
+    assert all(isinstance(outcomes[i], RagResult) for i in range(3))
+    assert isinstance(outcomes[3], PromptTooLongError)
+    assert isinstance(outcomes[4], InvalidDocumentError)
+
+
+async def test_prompt_checks_fail_before_sending(fake_server, fake_client):
+    async with fake_client() as client:
+        with pytest.raises(PromptTooLongError, match="max_model_len is 2048"):
+            await client.rag(docs=["water " * 3000], task="q")
+        with pytest.raises(InvalidDocumentError, match="document 1 is empty"):
+            await client.rag(docs=["fine", ""], task="q")
+        with pytest.raises(PromptError, match="task"):
+            await client.rag(docs=["fine"], task=" ")
+    assert fake_server.requests == []
+
+
+async def test_rag_stream_yields_deltas(fake_server, fake_client):
+    async with fake_client() as client:
+        deltas = [
+            d async for d in client.rag_stream(system=SYSTEM, docs=DOCS[:1], task="q", max_tokens=3)
+        ]
+    assert deltas == ["t100 ", "t101 ", "t102 "]
+    assert [r.kind for r in fake_server.requests] == ["prefix", "span", "final"]
+
+
+async def test_prompt_cache_modules_are_named_spans(fake_server, fake_client):
+    async with fake_client() as client:
+        client.add_module("policy", "Always cite the document number.\n")
+        for doc in DOCS[:2]:
+            result = await client.rag(modules=["policy"], docs=[doc], task="q", max_tokens=1)
+            assert (
+                result.cached_tokens
+                == client.rag_layout(RagRequest("q", [doc], modules=["policy"])).cacheable_tokens
+            )
+        with pytest.raises(PromptError, match="unknown module 'fewshot'"):
+            await client.rag(modules=["fewshot"], task="q")
+    assert len(fake_server.of_kind("span")) == 3  # the module once, two documents
+
+
+async def test_epic_sends_heads_in_context_and_tails_as_spans(fake_server, fake_client):
+    doc = " ".join(["water light house"] * 20)
+    async with fake_client() as client:
+        result = await client.rag(
+            system=SYSTEM, docs=[doc], task="q", technique=Epic(k=1), max_tokens=1
+        )
+    (final,) = fake_server.of_kind("final")
+    assert final.prompt.count(fake_server.pdep) == 2  # the head and the task
+    assert len(fake_server.of_kind("span")) == 1
+    assert result.cached_tokens == final.prompt.index(fake_server.pdep)
+
+
+async def test_restarted_server_gets_its_spans_prefilled_again(fake_server, fake_client):
+    async with fake_client(info_check_interval_s=0) as client:
+        await client.rag(system=SYSTEM, docs=DOCS[:2], task="q", max_tokens=1)
+        old = client.info.instance_id
+        fake_server.restart()
+        stale = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q2", max_tokens=1)
+        assert stale.cached_tokens == 0  # the client did not know yet
+        assert client.info.instance_id != old
+        fresh = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q3", max_tokens=1)
+        expected = client.rag_layout(RagRequest("q3", DOCS[:2], SYSTEM)).cacheable_tokens
+    assert fresh.cached_tokens == expected
+    # Forgotten on the new instance id, so both documents were prefilled again.
+    assert [r.kind for r in fake_server.requests].count("span") == 4
+
+
+async def test_restart_with_another_setup_needs_a_new_client(fake_server, fake_client):
+    async with fake_client(info_check_interval_s=0) as client:
+        await client.rag(docs=DOCS[:1], task="q", max_tokens=1)
+        fake_server.restart()
+        fake_server.info["block_size"] = 32
+        with pytest.raises(ConfigError, match="create a new SpanClient"):
+            await client.rag(docs=DOCS[:1], task="q2", max_tokens=1)
+
+
+async def test_generate_sends_part_built_prompts(fake_server, fake_client, sdk_tokenizer):
+    parts = [Text("Notes:"), Span(DOCS[0]), Span(DOCS[1]), Dependent("Summarise.")]
+    async with fake_client() as client:
+        result = await client.generate(parts, max_tokens=2)
+        layout = client.layout(parts)
+    (final,) = fake_server.of_kind("final")
+    assert final.prompt == layout.token_ids and final.prompt[0] == sdk_tokenizer.bos_token_id
+    assert [r.kind for r in fake_server.requests] == ["prefix", "span", "span", "final"]
+    assert result.cached_tokens == layout.cacheable_tokens

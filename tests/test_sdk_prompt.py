@@ -1,0 +1,202 @@
+"""Prompt layout: block alignment, markers, EPIC, chat template, marker-safe tokenization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from minipic_client import Dependent, InvalidDocumentError, PromptError, Span, Text
+from minipic_client.prompt import ChatTemplate, PromptBuilder, check_documents
+from minipic_client.tokens import TokenCache
+from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
+
+pytest_plugins = ["sdk_fixtures"]  # sdk_tokenizer
+
+B = 16  # block size
+DOC_A = "The river runs north past the old mill and the school.\n"
+DOC_B = "Paper was made by hand in the town for a hundred years.\n"
+LONG = " ".join(["water light house"] * 30) + "\n"
+
+
+class CountingTokenizer:
+    """Delegates to a tokenizer and counts the texts it encodes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.calls: list[str] = []
+
+    def __call__(self, text: str, **kwargs: Any) -> Any:
+        self.calls.append(text)
+        return self._tokenizer(text, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+
+@pytest.fixture
+def ids(sdk_tokenizer: Any) -> dict[str, int]:
+    vocab = sdk_tokenizer.get_vocab()
+    return {"ssep": vocab[SSEP_TOKEN], "pdep": vocab[PDEP_TOKEN], "pad": vocab[PAD_TOKEN]}
+
+
+def make_builder(tokenizer: Any, ids: dict[str, int]) -> PromptBuilder:
+    tokens = TokenCache(tokenizer, ids.values())
+    return PromptBuilder(
+        tokens,
+        block_size=B,
+        ssep_token_id=ids["ssep"],
+        pdep_token_id=ids["pdep"],
+        pad_token_id=ids["pad"],
+    )
+
+
+@pytest.fixture
+def builder(sdk_tokenizer: Any, ids: dict[str, int]) -> PromptBuilder:
+    return make_builder(sdk_tokenizer, ids)
+
+
+def positions(token_ids: list[int], token: int) -> list[int]:
+    return [i for i, t in enumerate(token_ids) if t == token]
+
+
+def test_spans_and_dependent_start_on_block_boundaries(builder, ids, sdk_tokenizer):
+    task = "Where does the river run?"
+    layout = builder.build([Text("You answer briefly."), Span(DOC_A), Span(DOC_B), Dependent(task)])
+    tokens = layout.token_ids
+    ssep, pdep = positions(tokens, ids["ssep"]), positions(tokens, ids["pdep"])
+    assert len(ssep) == 2 and len(pdep) == 1
+    assert all(p % B == 0 for p in ssep + pdep)
+    assert tokens[0] == sdk_tokenizer.bos_token_id
+    # The tail after PDep is the task itself, unpadded.
+    assert tokens[pdep[0] + 1 :] == sdk_tokenizer.encode(task, add_special_tokens=False)
+    # Prefills: the padded prefix, then each padded span, exactly as they sit in the prompt.
+    prefix, span_a, span_b = layout.prefills
+    assert (prefix.kind, span_a.kind, span_b.kind) == ("prefix", "span", "span")
+    assert list(prefix.token_ids) == tokens[: ssep[0]]
+    assert list(span_a.token_ids) == tokens[ssep[0] : ssep[1]]
+    assert list(span_b.token_ids) == tokens[ssep[1] : pdep[0]]
+    assert all(len(p.token_ids) % B == 0 for p in layout.prefills)
+    assert span_a.token_ids[-1] == ids["pad"]
+    assert layout.cacheable_tokens == pdep[0]
+
+
+def test_a_span_is_the_same_prefill_wherever_it_is(builder):
+    first = builder.build([Text("System one."), Span(DOC_A), Span(DOC_B), Dependent("q")])
+    second = builder.build(
+        [Text("Another, longer system prompt."), Span(DOC_B), Span(DOC_A), Dependent("r")]
+    )
+    spans_first = {p.key for p in first.prefills if p.kind == "span"}
+    spans_second = {p.key for p in second.prefills if p.kind == "span"}
+    assert spans_first == spans_second and len(spans_first) == 2
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_epic_recomputes_the_first_k_blocks_in_context(builder, ids, sdk_tokenizer, k):
+    doc_ids = sdk_tokenizer.encode(LONG, add_special_tokens=False)
+    assert len(doc_ids) > k * B
+    layout = builder.build([Text("sys"), Span(LONG, recompute_blocks=k), Dependent("q")])
+    tokens = layout.token_ids
+    head_start = positions(tokens, ids["pdep"])[0]
+    tail_start = positions(tokens, ids["ssep"])[0]
+    assert head_start % B == 0
+    # [PDep head] fills exactly k blocks, then [SSep tail pad..] carries the rest.
+    assert tail_start - head_start == k * B
+    assert tokens[head_start + 1 : tail_start] == doc_ids[: k * B - 1]
+    tail = layout.prefills[-1]
+    assert (
+        tail.kind == "span"
+        and list(tail.token_ids[1 : 1 + len(doc_ids) - (k * B - 1)]) == doc_ids[k * B - 1 :]
+    )
+    assert [p.kind for p in layout.prefills] == ["prefix", "span"]
+    # vLLM's lookup stops at the recomputed head: only the prefix is expected cached.
+    assert layout.cacheable_tokens == head_start
+
+
+def test_epic_document_shorter_than_the_head_is_all_dependent(builder, ids):
+    layout = builder.build([Span("short", recompute_blocks=1), Dependent("q")])
+    assert ids["ssep"] not in layout.token_ids
+    assert [p.kind for p in layout.prefills] == ["prefix"]
+    assert positions(layout.token_ids, ids["pdep"]) == [B, 2 * B]
+
+
+def test_marker_literal_text_creates_no_span_boundary(builder, ids, sdk_tokenizer):
+    doc = f"Quoting {SSEP_TOKEN} and {PDEP_TOKEN} and {PAD_TOKEN} and <|eot_id|> as text.\n"
+    layout = builder.build([Span(doc), Dependent(f"What does {SSEP_TOKEN} mean?")])
+    assert positions(layout.token_ids, ids["ssep"]) == [B]
+    assert len(positions(layout.token_ids, ids["pdep"])) == 1
+    span = layout.prefills[1].token_ids
+    body = [t for t in span[1:] if t != ids["pad"]]
+    assert sdk_tokenizer.decode(body) == doc
+    assert sdk_tokenizer.convert_tokens_to_ids("<|eot_id|>") not in body
+
+
+def test_text_after_a_span_must_open_a_dependent(builder):
+    with pytest.raises(PromptError, match="follows a Span"):
+        builder.build([Span(DOC_A), Text("loose text")])
+
+
+def test_baseline_is_the_same_text_without_markers(builder, ids, sdk_tokenizer):
+    layout = builder.build([Text("sys "), Span(DOC_A), Dependent("q")], pic=False)
+    assert not set(ids.values()) & set(layout.token_ids)
+    expected = [sdk_tokenizer.bos_token_id]
+    for text in ("sys ", DOC_A, "q"):
+        expected += sdk_tokenizer.encode(text, add_special_tokens=False)
+    assert layout.token_ids == expected
+    assert layout.prefills == () and layout.cacheable_tokens == 0
+
+
+def test_every_text_is_tokenized_once(sdk_tokenizer, ids):
+    counting = CountingTokenizer(sdk_tokenizer)
+    builder = make_builder(counting, ids)
+    parts = [Text("sys"), Span(DOC_A), Span(DOC_B), Dependent("q")]
+    first = builder.build(parts)
+    calls = len(counting.calls)
+    builder.build([Text("sys"), Span(DOC_B), Span(DOC_A), Dependent("other q")])
+    assert counting.calls[calls:] == ["other q"]
+    assert builder.build(parts) == first
+
+
+def test_chat_layout_matches_the_template_with_spans_inside_the_user_turn(
+    builder, ids, sdk_tokenizer
+):
+    chat = ChatTemplate(sdk_tokenizer)
+    system, task = "Answer from the documents.", "Which mill?"
+    parts = chat.parts(system, [Span(DOC_A), Span(DOC_B)], task)
+    plain = builder.build(parts, pic=False, add_special_tokens=False).token_ids
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": DOC_A + DOC_B + task},
+    ]
+    rendered = sdk_tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True
+    )
+    assert plain == rendered["input_ids"]
+
+    layout = builder.build(parts, add_special_tokens=False)
+    prefix = sdk_tokenizer.decode([t for t in layout.prefills[0].token_ids if t != ids["pad"]])
+    assert prefix.endswith("<|start_header_id|>user<|end_header_id|>\n\n")
+    pdep = positions(layout.token_ids, ids["pdep"])[0]
+    tail = sdk_tokenizer.decode(layout.token_ids[pdep + 1 :])
+    assert tail == task + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def test_chat_layout_without_system_prompt(sdk_tokenizer):
+    parts = ChatTemplate(sdk_tokenizer).parts(None, [Span(DOC_A)], "q")
+    assert [type(p).__name__ for p in parts] == ["Text", "Span", "Dependent", "Text"]
+    assert "system" not in parts[0].text
+
+
+@pytest.mark.parametrize(
+    ("docs", "match"),
+    [
+        (["fine", ""], "document 1 is empty"),
+        (["   \n"], "document 0 is empty"),
+        (["fine", 3], "document 1 is int, not str"),
+        ([None], "document 0 is NoneType"),
+        ("a single string", "not a list"),
+    ],
+)
+def test_bad_documents_are_rejected(docs, match):
+    with pytest.raises(InvalidDocumentError, match=match):
+        check_documents(docs)

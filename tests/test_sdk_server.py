@@ -1,0 +1,178 @@
+"""The client SDK against a real `minipic serve` (the tiny model, 16-token blocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+
+from minipic_client import RagRequest, RequestEvent, SpanClient
+from minipic_server.markers import PDEP_TOKEN, SSEP_TOKEN
+from server_api import acomplete
+
+pytestmark = pytest.mark.server
+
+SYSTEM = "Answer from the documents."
+
+
+def fresh_docs(n: int) -> list[str]:
+    """Documents no earlier test put in this module's server cache."""
+    tag = uuid.uuid4().hex[:8]
+    return [
+        f"Report {tag} number {i}: the river runs past mill {i} and the old school.\n"
+        for i in range(n)
+    ]
+
+
+async def test_rag_reports_documents_cached(pic_server):
+    docs = fresh_docs(3)
+    async with SpanClient(pic_server.url) as client:
+        first = await client.rag(system=SYSTEM, docs=docs, task="Which mill?", max_tokens=4)
+        reordered = RagRequest("Which school?", docs[::-1], SYSTEM, max_tokens=4)
+        second = await client.rag(
+            system=SYSTEM, docs=docs[::-1], task="Which school?", max_tokens=4
+        )
+        expected_first = client.rag_layout(RagRequest("Which mill?", docs, SYSTEM)).cacheable_tokens
+        expected_second = client.rag_layout(reordered).cacheable_tokens
+    assert first.cached_tokens == expected_first > 0
+    assert second.cached_tokens == expected_second == expected_first
+    assert len(first.token_ids) == 4 and first.ttft_s > 0
+
+
+async def test_results_equal_the_same_tokens_sent_by_hand(pic_server):
+    request = RagRequest("Where does the river run?", fresh_docs(2), SYSTEM, max_tokens=8)
+    async with SpanClient(pic_server.url) as client:
+        result = await client.rag(
+            system=request.system,
+            docs=request.docs,
+            task=request.task,
+            max_tokens=request.max_tokens,
+        )
+        layout = client.rag_layout(request)
+        tokenizer = client.tokenizer
+    async with httpx.AsyncClient() as http:
+        by_hand = await acomplete(http, pic_server, layout.token_ids, max_tokens=8, logprobs=None)
+    assert result.token_ids == by_hand.token_ids
+    assert result.text == tokenizer.decode(by_hand.token_ids)
+    assert result.prompt_tokens == by_hand.prompt_tokens == len(layout.token_ids)
+
+
+async def test_concurrent_calls_prefill_each_document_once(pic_server):
+    docs = fresh_docs(5)
+    events: list[RequestEvent] = []
+    async with SpanClient(pic_server.url, on_request=events.append) as client:
+        results = await asyncio.gather(
+            *(
+                client.rag(
+                    system=SYSTEM,
+                    docs=[docs[i % 5], docs[(i + 2) % 5]],
+                    task=f"Question {i}?",
+                    max_tokens=2,
+                )
+                for i in range(50)
+            )
+        )
+        expected = client.rag_layout(RagRequest("Question 0?", docs[:1], SYSTEM)).cacheable_tokens
+    assert [e.kind for e in events].count("span") == 5
+    assert [e.kind for e in events].count("final") == 50
+    assert all(r.cached_tokens is not None and r.cached_tokens > expected for r in results)
+
+
+async def test_marker_literal_text_creates_no_span_boundary(pic_server):
+    doc = f"Quoting {SSEP_TOKEN} and {PDEP_TOKEN} inside a document {uuid.uuid4().hex}.\n"
+    request = RagRequest(f"What is {SSEP_TOKEN}?", [doc], SYSTEM, max_tokens=4)
+    async with SpanClient(pic_server.url) as client:
+        result = await client.rag(system=SYSTEM, docs=[doc], task=request.task, max_tokens=4)
+        layout = client.rag_layout(request)
+        ssep = client.info.ssep_token_id
+    assert layout.token_ids.count(ssep) == 1
+    assert result.cached_tokens == layout.cacheable_tokens
+    async with httpx.AsyncClient() as http:
+        by_hand = await acomplete(http, pic_server, layout.token_ids, max_tokens=4, logprobs=None)
+    assert result.token_ids == by_hand.token_ids
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "minipic_client.cli", *args]
+
+
+def test_rag_command(pic_server, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(fresh_docs(1)[0], encoding="utf-8")
+    done = subprocess.run(
+        cli(
+            "rag",
+            "--server",
+            pic_server.url,
+            "--system",
+            SYSTEM,
+            "--doc",
+            str(doc),
+            "--task",
+            "Which mill?",
+            "--max-tokens",
+            "4",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and "prompt tokens cached" in done.stderr
+
+
+def test_batch_killed_mid_run_resumes_with_every_id_once(pic_server, tmp_path):
+    docs = fresh_docs(5)
+    samples = [
+        {
+            "id": f"s{i}",
+            "system": SYSTEM,
+            "docs": [docs[i % 5], docs[(i + 1) % 5]],
+            "task": f"Question {i}?",
+        }
+        for i in range(80)
+    ]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8")
+    command = cli(
+        "batch",
+        str(inp),
+        "--server",
+        pic_server.url,
+        "--output",
+        str(out),
+        "--max-tokens",
+        "16",
+        "--max-in-flight",
+        "2",
+    )
+
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ
+    )
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:
+        if out.exists() and out.read_text().count("\n") >= 5:
+            break
+        time.sleep(0.02)
+    process.kill()
+    process.wait()
+    written = out.read_text().count("\n")
+    assert 5 <= written < len(samples), "the run was not killed mid-way"
+    with out.open("a", encoding="utf-8") as f:
+        f.write('{"id": "s79", "te')  # what a kill during a write leaves
+
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    assert f"{written} of {len(samples)} samples done" in done.stderr
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == sorted(s["id"] for s in samples)
+    assert "samples/s" in done.stderr and "TTFT p50" in done.stderr

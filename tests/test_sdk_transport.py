@@ -1,0 +1,126 @@
+"""Retries and error surfaces, with faults injected through httpx.MockTransport."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from minipic_client import (
+    RequestError,
+    RetryPolicy,
+    ServerError,
+    StreamInterruptedError,
+    TransportError,
+)
+from minipic_client.transport import Connection
+
+pytest_plugins = ["sdk_fixtures"]  # fake_server, fake_client, sdk_tokenizer
+
+FAST = RetryPolicy(attempts=3, total_s=5.0, initial_backoff_s=0.001, max_backoff_s=0.01)
+DOCS = ["The mill stood by the river.\n", "The school had four rooms.\n"]
+
+
+@pytest.fixture
+async def warm_client(fake_client):
+    """A connected client whose spans are prefilled: the next request is a final."""
+    async with fake_client() as client:
+        await client.rag(docs=DOCS, task="warm", max_tokens=1)
+        yield client
+
+
+@pytest.mark.parametrize("faults", [["503", "503"], ["drop"], ["429", "drop", "503"]])
+async def test_transient_faults_are_retried_within_the_bound(fake_server, faults, fake_client):
+    fake_server.faults.extend(faults)
+    async with fake_client() as client:
+        result = await client.rag(docs=DOCS, task="q", max_tokens=2)
+    assert result.text == "t100 t101 "
+    # A prefix, two span and one final request, plus one more per fault.
+    assert len(fake_server.requests) == 4 + len(faults)
+
+
+async def test_retries_stop_after_the_attempt_bound(fake_server, fake_client):
+    fake_server.faults.extend(["503"] * 10)
+    async with fake_client(retry=FAST) as client:
+        with pytest.raises(ServerError) as caught:
+            await client.rag(task="q")  # no documents: the prefix prefill is the only request
+    assert caught.value.status_code == 503 and caught.value.message == "injected 503"
+    assert len(fake_server.requests) == FAST.attempts
+
+
+async def test_retries_stop_after_the_time_bound(fake_server, fake_client):
+    fake_server.faults.extend(["drop"] * 1000)
+    policy = RetryPolicy(attempts=1000, total_s=0.2, initial_backoff_s=0.01, max_backoff_s=0.02)
+    async with fake_client(retry=policy) as client:
+        with pytest.raises(TransportError, match="injected"):
+            await client.rag(docs=DOCS, task="q")
+    assert 2 < len(fake_server.requests) < 100
+
+
+async def test_a_400_is_not_retried_and_carries_the_servers_message(fake_server, warm_client):
+    client = warm_client
+    fake_server.faults.append("400")
+    with pytest.raises(RequestError) as caught:
+        await client.rag(docs=DOCS, task="q")
+    assert caught.value.status_code == 400 and caught.value.message == "injected 400"
+    assert len(fake_server.of_kind("final")) == 2
+
+
+async def test_a_stream_is_retried_before_its_first_chunk(fake_server, warm_client):
+    client = warm_client
+    fake_server.faults.extend(["drop", "503"])
+    deltas = [d async for d in client.rag_stream(docs=DOCS, task="q", max_tokens=2)]
+    assert deltas == ["t100 ", "t101 "]
+    assert len(fake_server.of_kind("final")) == 1 + 3
+
+
+async def test_a_stream_is_not_retried_after_its_first_chunk(fake_server, warm_client):
+    client = warm_client
+    fake_server.faults.append("break")
+    received = []
+    with pytest.raises(StreamInterruptedError):
+        async for delta in client.rag_stream(docs=DOCS, task="q", max_tokens=3):
+            received.append(delta)
+    assert received == ["t100 "]
+    assert len(fake_server.of_kind("final")) == 1 + 1
+
+
+def connection(handler) -> Connection:
+    http = httpx.AsyncClient(base_url="http://fake", transport=httpx.MockTransport(handler))
+    return Connection(http, FAST)
+
+
+@pytest.mark.parametrize(
+    ("status", "payload", "error", "message"),
+    [
+        (
+            400,
+            {"error": {"message": "bad prompt", "type": "BadRequestError", "code": 400}},
+            RequestError,
+            "bad prompt",
+        ),
+        (422, {"message": "flat message"}, RequestError, "flat message"),
+        (404, {"detail": "Not Found"}, RequestError, "Not Found"),
+        (500, {"error": {"message": "engine died"}}, ServerError, "engine died"),
+    ],
+)
+async def test_error_bodies_surface_the_servers_message(status, payload, error, message):
+    conn = connection(lambda request: httpx.Response(status, json=payload))
+    with pytest.raises(error) as caught:
+        await conn.post_json("/v1/completions", {})
+    assert caught.value.status_code == status and caught.value.message == message
+
+
+async def test_an_error_event_inside_a_stream_is_raised():
+    body = b'data: {"error": {"message": "generation failed", "code": 400}}\n\ndata: [DONE]\n\n'
+    conn = connection(lambda request: httpx.Response(200, content=body))
+    with pytest.raises(RequestError, match="generation failed"):
+        async for _ in conn.stream("/v1/completions", {}):
+            pass
+
+
+async def test_an_unreachable_server_raises_a_transport_error():
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    with pytest.raises(TransportError, match="connection refused"):
+        await connection(refuse).get_json("/minipic/info")
