@@ -699,7 +699,7 @@ class Runner:
             # head 256 / head 64 shapes (Gemma-like 8q/4kv heads of 256; 16q/4kv heads of 64)
         for name, kw, cl in (
             ("d256_8k", dict(hq=8, hkv=4, d=256), _PREFILL_CONFIGS["large_head"]
-             + (AttentionConfig(64, 16, 4, 2), AttentionConfig(128, 16, 8, 3))),
+             + (AttentionConfig(128, 16, 8, 3),)),
             ("d64_8k", dict(hq=16, hkv=4, d=64), _PREFILL_CONFIGS["small_head"] + (AttentionConfig(128, 128, 8, 3),)),
         ):
             if self.over_budget():

@@ -612,12 +612,12 @@ _PREFILL_CONFIGS = {
         AttentionConfig(128, 64, 8, 3),
         AttentionConfig(128, 64, 8, 2),
         AttentionConfig(128, 32, 8, 3),
-        AttentionConfig(64, 64, 4, 3),
+        AttentionConfig(64, 32, 4, 3),
     ),
     "large_head": (  # head_size > 128
         AttentionConfig(128, 32, 8, 2),
-        AttentionConfig(64, 64, 8, 2),
         AttentionConfig(64, 32, 4, 2),
+        AttentionConfig(64, 16, 4, 3),
     ),
 }
 _DECODE_CONFIGS = {
