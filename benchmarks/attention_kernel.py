@@ -189,10 +189,17 @@ def make_batch(
 # --------------------------------------------------------------------------------------
 
 
-def run_ours(b: Batch, out: torch.Tensor, *, cos_sin=None, prefill=None, decode=None) -> torch.Tensor:
+def run_ours(
+    b: Batch, out: torch.Tensor, *, cos_sin=None, prefill=None, decode=None, prepass_max_bytes=None
+) -> torch.Tensor:
     args = b.kernel_args()
     if cos_sin is not None:
         args["cos_sin"] = cos_sin
+    if prepass_max_bytes is not None:
+        return paged_rope_attention_with_config(
+            **args, output=out, max_query_len=b.max_query_len, window_starts=b.window_starts,
+            prepass_max_bytes=prepass_max_bytes,
+        )  # fmt: skip
     if prefill is None and decode is None:
         return paged_rope_attention(
             **args, output=out, max_query_len=b.max_query_len, window_starts=b.window_starts
@@ -698,9 +705,8 @@ class Runner:
             log(f"sweep {name}: " + ", ".join(f"{k}={v if isinstance(v, str) else round(v, 3)}" for k, v in res.items()))
             # head 256 / head 64 shapes (Gemma-like 8q/4kv heads of 256; 16q/4kv heads of 64)
         for name, kw, cl in (
-            ("d256_8k", dict(hq=8, hkv=4, d=256), _PREFILL_CONFIGS["large_head"]
-             + (AttentionConfig(128, 16, 8, 3),)),
-            ("d64_8k", dict(hq=16, hkv=4, d=64), _PREFILL_CONFIGS["small_head"] + (AttentionConfig(128, 128, 8, 3),)),
+            ("d256_8k", dict(hq=8, hkv=4, d=256), _PREFILL_CONFIGS["head256"]),
+            ("d64_8k", dict(hq=16, hkv=4, d=64), _PREFILL_CONFIGS["head64"]),
         ):
             if self.over_budget():
                 break
@@ -719,6 +725,64 @@ class Runner:
                 res["fa3"] = bench_ms(lambda: self.fa3(b, k, v, out), self.dry)
             self.results["sweep"].append({"case": name, "ms": res})
             log(f"sweep {name}: " + ", ".join(f"{k}={v if isinstance(v, str) else round(v, 3)}" for k, v in res.items()))
+
+    # -- the default paths after tuning from the first run (one short device call)
+    def quick(self) -> None:
+        dev, dt, S = self.device, self.dtype, self.scale
+        rows = self.results["prefill"]
+        mixed = [(S(2048), S(2048)), (S(1536), S(1536)), (S(1024), S(320)), (S(3000), S(100))]
+        mixed += [(S(1000 + 97 * i), 1) for i in range(20)] + [(S(700), 3), (S(900), 2)]
+        for name, kw in (("default", {}), ("fused", dict(prepass_max_bytes=0))):
+            b = make_batch(mixed, device=dev, dtype=dt, span=S(512), tail=S(128), seed=50)
+            out = torch.full_like(b.query, float("nan"))
+            run_ours(b, out, **kw)
+            e = errors(out, paged_rope_attention_reference(**b.kernel_args()))
+            e["name"] = f"quick_mixed_windows_{name}"
+            self.results["correctness"].append(e)
+            log(f"{e['name']}: {e}")
+        for n0, span in ((1024, None), (8192, None), (32768, None), (32768, 1024)):
+            n = S(n0)
+            b = make_batch([(n, n)], device=dev, dtype=dt, span=span and S(span), tail=S(256) if span else 0, seed=51)
+            out = torch.empty_like(b.query)
+            row = {"case": f"quick_prefill_{n0}" + ("_spans1k" if span else "")}
+            row["ours_ms"] = bench_ms(lambda: run_ours(b, out), self.dry)
+            row["ours_fused_ms"] = bench_ms(lambda: run_ours(b, out, prepass_max_bytes=0), self.dry)
+            if span:
+                pick = torch.tensor([0, S(1024) - 1, S(1024), n - S(256) - 1, n - S(256), n - 1])
+                e = errors(run_ours(b, torch.empty_like(b.query))[pick.to(out.device)], sampled_reference(b, 0, pick))
+                row["sampled_vs_ref"] = e
+            if self.fa3 is not None:
+                k, v = self.fa3.caches(b)
+                row["fa3_ms"] = bench_ms(lambda: self.fa3(b, k, v, out), self.dry)
+                row["ratio_ours_over_fa3"] = row["ours_ms"] / row["fa3_ms"]
+            if self.unified is not None and n0 <= 8192:
+                k, v = self.unified.caches(b)
+                row["triton_attn_ms"] = bench_ms(lambda: self.unified(b, k, v, out), self.dry)
+                row["ratio_ours_over_triton_attn"] = row["ours_ms"] / row["triton_attn_ms"]
+            rows.append(row)
+            log(json.dumps(row))
+            self.save()
+        for name, nreq, ctx in (("decode_64x4k", 64, 4096), ("decode_8x32k", 8, 32768), ("decode_256x1k", 256, 1024)):
+            nreq = nreq if not self.dry else max(2, nreq // 16)
+            reqs = [(S(ctx) - (7 * i) % max(1, S(ctx) // 4), 1) for i in range(nreq)]
+            b = make_batch(reqs, device=dev, dtype=dt, seed=52)
+            out = torch.empty_like(b.query)
+            row = {"case": f"quick_{name}"}
+            row["ours_ms"] = bench_ms(lambda: run_ours(b, out), self.dry)
+            os.environ["MINIPIC_ATTN_FP32_COS_SIN"] = "1"
+            row["ours_fp32_table_ms"] = bench_ms(lambda: run_ours(b, out), self.dry)
+            os.environ.pop("MINIPIC_ATTN_FP32_COS_SIN")
+            if self.unified is not None:
+                k, v = self.unified.caches(b)
+                row["triton_attn_ms"] = bench_ms(lambda: self.unified(b, k, v, out), self.dry)
+                row["ratio_ours_over_triton_attn"] = row["ours_ms"] / row["triton_attn_ms"]
+                row["ours_vs_triton_attn"] = errors(
+                    run_ours(b, torch.empty_like(b.query)), self.unified(b, k, v, torch.empty_like(b.query))
+                )
+            self.results["decode"].append(row)
+            log(json.dumps(row))
+            self.save()
+        self.results["tuned"] = {str(k): str(v) for k, v in _TUNED.items()}
 
     # -- CUDA graph capture
     def cuda_graph(self) -> None:
@@ -764,6 +828,7 @@ def main() -> None:
         "prefill": r.prefill,
         "sweep": r.sweep,
         "graph": r.cuda_graph,
+        "quick": r.quick,
     }
     for name in args.sections.split(","):
         r.section(name, sections[name])

@@ -5,6 +5,7 @@ Subcommands, each meant to run in its own process so GPU memory starts clean:
 - ``make-model DIR --config CFG --layers N``: a Llama with seeded random weights (std 0.02).
 - ``throughput --mode stock|pic-nomarkers|pic-spans``: prefill-only (max_tokens=1) samples/s
   on the pre-tokenized workload from `workload.py`; dummy weights from a config-only dir.
+- ``ttft``: single-request latency for k 1,000-token documents, spans cold vs cached.
 - ``correctness``: PIC without markers vs stock FlashAttention, and cached spans vs spans
   never prefilled, on a real-weights model from ``make-model``.
 """
@@ -106,6 +107,32 @@ def cmd_throughput(args) -> None:
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 
+def cmd_ttft(args) -> None:
+    """Single-request time for k documents of 1,000 tokens: spans computed vs read from cache."""
+    import random
+
+    from vllm import SamplingParams
+
+    rng = random.Random(1)
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    llm = make_llm(args.model_dir, pic=True, dummy=True, max_num_seqs=64, max_model_len=40960)
+    timed_generate(llm, [[1000 + i] * 700 for i in range(8)], params)
+    head = padded([128000, *(rng.randrange(1000, 120000) for _ in range(40))])
+    rows = []
+    for k in (1, 2, 4, 8, 16, 32):
+        spans = [padded([SSEP, *(rng.randrange(1000, 120000) for _ in range(999))]) for _ in range(k)]
+        final = head + [t for sp in spans for t in sp] + [PDEP, *(rng.randrange(1000, 120000) for _ in range(20))]
+        llm.reset_prefix_cache()
+        cold_s, _ = timed_generate(llm, [final], params)
+        llm.reset_prefix_cache()
+        timed_generate(llm, [head, *spans], params)
+        warm_s, out = timed_generate(llm, [final], params)
+        rows.append({"docs": k, "cold_s": cold_s, "cached_s": warm_s, "speedup": cold_s / warm_s,
+                     "cached_tokens": out[0].num_cached_tokens, "prompt_tokens": len(final)})
+        print(json.dumps(rows[-1]))
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
 def cmd_correctness(args) -> None:
     import random
 
@@ -176,11 +203,15 @@ def main() -> None:
     thr.add_argument("--samples", type=int, default=1000)
     thr.add_argument("--max-num-seqs", type=int, default=1024)
     thr.add_argument("--out", required=True)
+    ttft = sub.add_parser("ttft")
+    ttft.add_argument("--model-dir", required=True)
+    ttft.add_argument("--out", required=True)
     cor = sub.add_parser("correctness")
     cor.add_argument("--model-dir", required=True)
     cor.add_argument("--out", required=True)
     args = parser.parse_args()
-    {"make-model": cmd_make_model, "throughput": cmd_throughput, "correctness": cmd_correctness}[
+    {"make-model": cmd_make_model, "throughput": cmd_throughput, "ttft": cmd_ttft,
+     "correctness": cmd_correctness}[
         args.command
     ](args)
 

@@ -38,8 +38,12 @@ CASE_NAMES = [
     "f32_decode_only",
     "f32_public_api_defaults",
     "f16_public_api_d128",
+    "f16_public_api_prepass",
     "f32_prepass_neox_partial",
     "f16_prepass_gptj_dup",
+    "f32_builtin_prepass_gptj",
+    "f16_builtin_prepass_dup_partial",
+    "f32_builtin_prepass_over_budget",
 ]
 
 

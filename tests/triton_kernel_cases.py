@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 
 import torch
@@ -45,6 +46,8 @@ class Case:
     max_query_len_given: bool = True
     public_api: bool = False  # call paged_rope_attention (default configs) instead
     prepass: bool = False  # rotate_kv_to_dense_pages, then the kernel with rotary_dim=0
+    prepass_bytes: int | None = 0  # tile launch: 0 rotates in-kernel, > 0 pre-pass budget
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # set while the case runs
     seed: int = 0
 
 
@@ -134,13 +137,33 @@ CASES = [
     Case("f32_public_api_defaults", [(150, 150), (90, 1), (70, 9)], group=2, public_api=True, seed=14),
     Case("f16_public_api_d128", [(130, 130), (66, 1)], group=4, head_size=128, dtype=F16,
          public_api=True, seed=15),
+    Case("f16_public_api_prepass", [(130, 130), (66, 1), (90, 17)], group=2, dtype=F16, public_api=True,
+         env={"MINIPIC_ATTN_PREPASS_MIN_TOKENS": "0"}, seed=21),
     Case("f32_prepass_neox_partial", MIXED, group=2, rotary_dim=32, prepass=True, seed=16),
+    # The tile launch over scratch pages written by the built-in pre-pass.
+    Case("f32_builtin_prepass_gptj", MIXED, group=2, is_neox=False, prepass_bytes=1 << 30, seed=18),
+    Case("f16_builtin_prepass_dup_partial", [(80, 80), (48, 2), (33, 1), (64, 20)], rotary_dim=32,
+         dtype=F16, duplicate_block=True, prepass_bytes=1 << 30, seed=19),
+    Case("f32_builtin_prepass_over_budget", MIXED, prepass_bytes=1024, seed=20),
     Case("f16_prepass_gptj_dup", [(80, 80), (48, 2)], is_neox=False, dtype=F16, duplicate_block=True,
          prepass=True, seed=17),
 ]
 
 
 def run_case(case: Case) -> dict:
+    saved = {k: os.environ.get(k) for k in case.env}
+    os.environ.update(case.env)
+    try:
+        return _run_case(case)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_case(case: Case) -> dict:
     inputs = build(case)
     max_query_len = inputs.pop("max_query_len")
     ref = paged_rope_attention_reference(**inputs)
@@ -170,6 +193,7 @@ def run_case(case: Case) -> dict:
             max_query_len=max_query_len,
             prefill_config=case.prefill,
             decode_config=case.decode,
+            prepass_max_bytes=case.prepass_bytes,
         )
     tol = 2e-2 if case.dtype == torch.float16 else 1e-3
     err = (out.float() - ref.float()).abs()

@@ -23,10 +23,17 @@ Design (one kernel body, two launch shapes):
 * Decode launch: one tile per request (requests with at most ``BLOCK_Q`` query tokens),
   the key range split across ``num_splits`` programs whose partial softmax states a
   second small kernel merges (flash-decoding).
+* Prefill batches of >= 2048 tokens first rotate the keys of their prefill-path requests
+  once into scratch pages (`_prepass_for_prefill`, ~80 us for 32k tokens on an H200) and
+  run the same tile kernel with rotation compiled out (``ROT_HALF == 0``): rotating in
+  the kernel costs every query tile the rotation of every key tile again. Smaller
+  batches, decode rows, and batches whose scratch would exceed the budget rotate in the
+  kernel. For 16-bit inputs the kernel reads an fp16 copy of an fp32 cos/sin table
+  (`_kernel_cos_sin`).
 
-Configurations come from a small fixed list per path, tuned once per shape class and
-cached in-process (never while a CUDA graph is being captured; set
-``MINIPIC_ATTN_AUTOTUNE=0`` to always use the first, default config).
+Configurations come from a small fixed list per path, tuned once per shape class on the
+first batch that exercises the path and cached in-process (never while a CUDA graph is
+being captured; ``MINIPIC_ATTN_AUTOTUNE=0`` always uses the first, default config).
 """
 
 from __future__ import annotations
@@ -481,7 +488,7 @@ def _merge_splits_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_kv_heads", "max_blocks"])
 def _rotate_kv_pages_kernel(
     k_out_ptr,
     v_out_ptr,
@@ -490,6 +497,8 @@ def _rotate_kv_pages_kernel(
     block_table_ptr,
     seq_lens_ptr,
     cos_sin_ptr,
+    query_start_loc_ptr,  # only read with SKIP_QLEN_LE > 0
+    slot_ptr,  # (num_reqs,) output page row of each request; only read with USE_SLOTS
     num_kv_heads,
     max_blocks,
     stride_kb,
@@ -509,6 +518,8 @@ def _rotate_kv_pages_kernel(
     ROT_HALF_P: tl.constexpr,
     IS_NEOX: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr,
+    SKIP_QLEN_LE: tl.constexpr,  # > 0: leave requests with q_len <= this (decode path) alone
+    USE_SLOTS: tl.constexpr,
 ):
     """Copy logical block (req, b) into dense pages, keys rotated by their index."""
     req = tl.program_id(0)
@@ -516,8 +527,16 @@ def _rotate_kv_pages_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     if blk * KV_BLOCK_SIZE >= seq_len:
         return
+    if SKIP_QLEN_LE > 0:
+        q_len = tl.load(query_start_loc_ptr + req + 1) - tl.load(query_start_loc_ptr + req)
+        if q_len <= SKIP_QLEN_LE:
+            return
+    if USE_SLOTS:
+        row = tl.load(slot_ptr + req)
+    else:
+        row = req
     phys = tl.load(block_table_ptr + req * stride_btr + blk * stride_btb).to(tl.int64)
-    out_blk = (req * max_blocks + blk).to(tl.int64)
+    out_blk = (row * max_blocks + blk).to(tl.int64)
     offs_s = tl.arange(0, KV_BLOCK_SIZE)
     pos = blk * KV_BLOCK_SIZE + offs_s
     pos_ok = pos < seq_len
@@ -581,13 +600,50 @@ def rotate_kv_to_dense_pages(
         return k_out, v_out, table
     rot_half = rotary_dim // 2
     _rotate_kv_pages_kernel[(num_reqs, max_blocks)](
-        k_out, v_out, key_cache, value_cache, block_table, seq_lens, cos_sin,
+        k_out, v_out, key_cache, value_cache, block_table, seq_lens, cos_sin, seq_lens, seq_lens,
         num_kv_heads, max_blocks, *key_cache.stride(), *value_cache.stride(), *block_table.stride(),
         cos_sin.stride(0),
         HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
-        IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, num_warps=4,
+        IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, SKIP_QLEN_LE=0, USE_SLOTS=False, num_warps=4,
     )  # fmt: skip
     return k_out, v_out, table
+
+
+def _prepass_for_prefill(args: dict, prob: "_Problem", decode_block_q: int, max_bytes: int):
+    """Rotate the keys of the prefill-path requests into scratch pages, or None.
+
+    Requests with more than ``decode_block_q`` query tokens get a row of dense pages
+    (their rank among such requests); the row count is bounded from Python ints (each
+    such request holds > decode_block_q of the batch's tokens), so no host sync. Returns
+    None when that bound times the block-table width would exceed ``max_bytes``.
+    """
+    key_cache = args["key_cache"]
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    block_table = args["block_table"]
+    max_blocks = block_table.shape[1]
+    rows = min(prob.num_reqs, prob.num_tokens // (decode_block_q + 1))
+    block_bytes = block_size * num_kv_heads * head_size * key_cache.element_size()
+    if rows == 0 or 2 * rows * max_blocks * block_bytes > max_bytes:
+        return None
+    qsl = args["query_start_loc"]
+    is_prefill = (qsl[1:] - qsl[:-1]) > decode_block_q
+    slots = (torch.cumsum(is_prefill.to(torch.int32), 0, dtype=torch.int32) - 1).clamp_(min=0)
+    shape = (rows * max_blocks, block_size, num_kv_heads, head_size)
+    k_out = torch.empty(shape, dtype=key_cache.dtype, device=key_cache.device)
+    v_out = torch.empty(shape, dtype=key_cache.dtype, device=key_cache.device)
+    cols = torch.arange(max_blocks, dtype=torch.int32, device=block_table.device)
+    table = slots[:, None] * max_blocks + cols[None, :]
+    rot_half = args["rotary_dim"] // 2
+    value_cache, cos_sin = args["value_cache"], args["cos_sin"]
+    _rotate_kv_pages_kernel[(prob.num_reqs, max_blocks)](
+        k_out, v_out, key_cache, value_cache, block_table, args["seq_lens"], cos_sin, qsl, slots,
+        num_kv_heads, max_blocks, *key_cache.stride(), *value_cache.stride(), *block_table.stride(),
+        cos_sin.stride(0),
+        HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
+        IS_NEOX=args["is_neox"], KV_BLOCK_SIZE=block_size, SKIP_QLEN_LE=decode_block_q,
+        USE_SLOTS=True, num_warps=4,
+    )  # fmt: skip
+    return dict(args, key_cache=k_out, value_cache=v_out, block_table=table, rotary_dim=0)
 
 
 # --------------------------------------------------------------------------------------
@@ -606,31 +662,43 @@ class AttentionConfig:
     num_splits: int | None = None  # None: chosen from the grid size
 
 
-# Small fixed lists; the first entry is the default (used untuned).
+# Small fixed lists; the first entry is the default (used untuned). Measured on an H200
+# (docs/benchmarks.md): for head 128, (128, 64, 8 warps, 3 stages) won at 8k-32k tokens.
 _PREFILL_CONFIGS = {
-    "small_head": (  # head_size <= 128
-        AttentionConfig(128, 64, 8, 3),
-        AttentionConfig(128, 64, 8, 2),
+    "head64": (
+        AttentionConfig(128, 128, 8, 3),
         AttentionConfig(128, 32, 8, 3),
-        AttentionConfig(64, 32, 4, 3),
+        AttentionConfig(128, 64, 8, 3),
     ),
-    "large_head": (  # head_size > 128
+    "head128": (
+        AttentionConfig(128, 64, 8, 3),
+        AttentionConfig(128, 128, 8, 2),
+        AttentionConfig(128, 64, 8, 2),
+    ),
+    "head256": (
         AttentionConfig(128, 32, 8, 2),
-        AttentionConfig(64, 32, 4, 2),
         AttentionConfig(64, 16, 4, 3),
     ),
 }
 _DECODE_CONFIGS = {
-    "small_head": (
-        AttentionConfig(16, 32, 4, 3),
+    "head64": (
+        AttentionConfig(16, 64, 4, 3),
+        AttentionConfig(16, 128, 4, 3),
+    ),
+    "head128": (
         AttentionConfig(16, 64, 4, 3),
         AttentionConfig(16, 64, 8, 3),
     ),
-    "large_head": (
+    "head256": (
         AttentionConfig(16, 32, 4, 3),
         AttentionConfig(16, 64, 8, 2),
     ),
 }
+
+
+def _head_family(head_size: int) -> str:
+    return "head64" if head_size <= 64 else ("head128" if head_size <= 128 else "head256")
+
 
 _TUNED: dict[tuple, AttentionConfig] = {}
 _SM_COUNT: dict[int, int] = {}
@@ -668,12 +736,14 @@ class _Problem:
 
 
 def _split_count(programs: int, key_tiles: int, num_sms: int, requested: int | None) -> int:
-    """Key splits so the launch has ~2 programs per SM, each with >= 4 key tiles."""
+    """Key splits when a launch has fewer programs than SMs: as many as keep the launch
+    within ~2 programs per SM (rounded down: a partial second wave cost more than it
+    saved on the H200), each split keeping >= 4 key tiles."""
     if requested is not None:
         return max(1, requested)
     if programs >= num_sms:
         return 1
-    want = triton.cdiv(2 * num_sms, max(1, programs))
+    want = (2 * num_sms) // max(1, programs)
     most = max(1, key_tiles // 4)
     return int(max(1, min(want, most, 16)))
 
@@ -765,13 +835,20 @@ def _tuning_key(path: str, prob: _Problem, args: dict) -> tuple:
 
 
 def _pick_config(path: str, prob: _Problem, args: dict, out: torch.Tensor, decode_block_q: int):
-    family = "small_head" if prob.head_size <= 128 else "large_head"
+    family = _head_family(prob.head_size)
     candidates = (_DECODE_CONFIGS if path == "decode" else _PREFILL_CONFIGS)[family]
     key = _tuning_key(path, prob, args)
     if key in _TUNED:
         return _TUNED[key]
+    # Tune a path only on a batch known to exercise it: a pure decode batch for the
+    # decode launch, a batch with prefill rows for the tile launch.
+    if path == "decode":
+        representative = prob.max_query_len is not None and prob.max_query_len <= decode_block_q
+    else:
+        representative = prob.max_query_len is not None and prob.max_query_len > decode_block_q
     tune = (
-        os.environ.get("MINIPIC_ATTN_AUTOTUNE", "1") != "0"
+        representative
+        and os.environ.get("MINIPIC_ATTN_AUTOTUNE", "1") != "0"
         and not _interpreting()
         and args["query"].is_cuda
         and not torch.cuda.is_current_stream_capturing()
@@ -797,6 +874,36 @@ def _pick_config(path: str, prob: _Problem, args: dict, out: torch.Tensor, decod
     return best
 
 
+_HALF_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _kernel_cos_sin(cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cos/sin table the kernel reads: for 16-bit inputs an fp16 copy of an fp32 table.
+
+    The kernel rounds rotated keys to the input dtype (bf16/fp16) before the dot anyway;
+    fp16 cos/sin (|x| <= 1, 11-bit mantissa) adds 4-16x less error than that rounding and
+    halves the table traffic, which dominated the rotation cost on the H200. The copy is
+    cached per table version (made eagerly, before any CUDA-graph capture reuses it).
+    """
+    if dtype == torch.float32 or cos_sin.dtype != torch.float32:
+        return cos_sin
+    if os.environ.get("MINIPIC_ATTN_FP32_COS_SIN", "0") == "1":
+        return cos_sin
+    try:
+        version = cos_sin._version
+    except RuntimeError:  # inference tensors keep no version counter (tables are constant)
+        version = -1
+    key = (cos_sin.data_ptr(), cos_sin.shape, cos_sin.stride(), cos_sin.device, version)
+    half = _HALF_TABLES.get(key)
+    if half is None:
+        half = cos_sin.to(torch.float16)
+        if not (cos_sin.is_cuda and torch.cuda.is_current_stream_capturing()):
+            if len(_HALF_TABLES) > 16:
+                _HALF_TABLES.clear()
+            _HALF_TABLES[key] = half
+    return half
+
+
 # --------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------
@@ -820,10 +927,15 @@ def paged_rope_attention_with_config(
     window_starts: torch.Tensor | None = None,
     prefill_config: AttentionConfig | None = None,
     decode_config: AttentionConfig | None = None,
+    prepass_max_bytes: int | None = None,
 ) -> torch.Tensor:
     """`paged_rope_attention` with explicit launch configurations (None: tuned/default).
 
     ``rotary_dim=0`` (this entry point only) treats the cached keys as already rotated.
+    ``prepass_max_bytes``: scratch budget of the prefill pre-pass (0 disables it: keys
+    are then rotated inside the tile kernel too); None: the pre-pass runs for batches
+    of at least ``MINIPIC_ATTN_PREPASS_MIN_TOKENS`` (2048) tokens within
+    ``MINIPIC_ATTN_PREPASS_MAX_BYTES`` (1 GiB) of scratch.
     """
     num_tokens, num_q_heads, head_size = query.shape
     _, kv_block_size, num_kv_heads, kv_head_size = key_cache.shape
@@ -867,13 +979,26 @@ def paged_rope_attention_with_config(
         is_neox=bool(is_neox),
         scale=float(scale),
     )
-    # Requests with at most `decode_block_q` query tokens take the decode launch.
+    if rotary_dim:
+        args["cos_sin"] = _kernel_cos_sin(cos_sin, query.dtype)
+    # Requests with at most `decode_block_q` query tokens take the decode launch (keys
+    # rotated in the kernel); the others the tile launch, over keys rotated once into
+    # scratch pages by a pre-pass when the scratch fits `prepass_max_bytes`.
     decode_block_q = max(16, prob.group_p) // prob.group_p
     cfg = decode_config or _pick_config("decode", prob, args, output, decode_block_q)
     _launch("decode", cfg, prob, args, output, decode_block_q)
     if max_query_len is None or max_query_len > decode_block_q:
-        cfg = prefill_config or _pick_config("prefill", prob, args, output, decode_block_q)
-        _launch("prefill", cfg, prob, args, output, decode_block_q)
+        prefill_args = args
+        if rotary_dim and prepass_max_bytes is None:
+            # Below ~2k tokens the pre-pass's fixed cost ate its gain on the H200.
+            min_tokens = int(os.environ.get("MINIPIC_ATTN_PREPASS_MIN_TOKENS", "2048"))
+            prepass_max_bytes = int(os.environ.get("MINIPIC_ATTN_PREPASS_MAX_BYTES", str(1 << 30)))
+            if num_tokens < min_tokens:
+                prepass_max_bytes = 0
+        if rotary_dim and prepass_max_bytes > 0:
+            prefill_args = _prepass_for_prefill(args, prob, decode_block_q, prepass_max_bytes) or args
+        cfg = prefill_config or _pick_config("prefill", prob, prefill_args, output, decode_block_q)
+        _launch("prefill", cfg, prob, prefill_args, output, decode_block_q)
     return output
 
 

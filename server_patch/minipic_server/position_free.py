@@ -127,6 +127,8 @@ class BlockKindRecorder:
             raise MiniPICConfigError("MiniPIC needs token ids: prompt embeddings are not supported")
         layer_name, slot_mapping = next(iter(slot_mappings.items()))
         metadata, _, kv_cache, _ = get_attention_context(layer_name)
+        if metadata is None:  # CUDA-graph capture of the non-attention pieces
+            return
         if not isinstance(metadata, PicAttentionMetadata):
             raise MiniPICConfigError(
                 f"attention metadata is {type(metadata).__name__}; MiniPIC's backend is not active"
