@@ -122,3 +122,14 @@ def test_real_server_start_fails_with_the_guard_message(tiny_model_dir: Path) ->
     )
     assert result.returncode != 0
     assert "MiniPIC needs prefix caching" in result.stdout + result.stderr
+
+
+def test_pic_picks_its_own_attention_backend_and_refuses_others(tiny_model_dir: Path) -> None:
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    with set_current_vllm_config(engine_config(tiny_model_dir)):
+        path = current_platform.get_attn_backend_cls(None, None)
+        assert path == "minipic_server.backends.cpu.PicCpuAttentionBackend"
+        with pytest.raises(MiniPICConfigError, match="--attention-backend FLASH_ATTN cannot be used"):
+            current_platform.get_attn_backend_cls(AttentionBackendEnum.FLASH_ATTN, None)

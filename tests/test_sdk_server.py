@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from minipic_client import RagRequest, RequestEvent, SpanClient
+from minipic_client import RagRequest, RagResult, RequestEvent, SpanClient, SpanRAG
 from minipic_server.markers import PDEP_TOKEN, SSEP_TOKEN
 from server_api import acomplete
 
@@ -97,6 +98,83 @@ async def test_marker_literal_text_creates_no_span_boundary(pic_server):
     async with httpx.AsyncClient() as http:
         by_hand = await acomplete(http, pic_server, layout.token_ids, max_tokens=4, logprobs=None)
     assert result.token_ids == by_hand.token_ids
+
+
+class RecordingTransport(httpx.AsyncHTTPTransport):
+    """The real transport, noting when each completion request went out and was answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[float, float, dict]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        sent = time.monotonic()
+        response = await super().handle_async_request(request)
+        if request.url.path == "/v1/completions":
+            # A prefill answers only when it is done; a final's stream starts at once.
+            self.log.append((sent, time.monotonic(), json.loads(request.content)))
+        return response
+
+
+def contains_at_block(prompt: list[int], part: list[int], block_size: int) -> bool:
+    return any(
+        prompt[start : start + len(part)] == part for start in range(0, len(prompt), block_size)
+    )
+
+
+async def test_isps_sends_each_final_only_after_its_spans_are_cached(pic_server):
+    docs = fresh_docs(6)
+    requests = [
+        RagRequest(f"Question {i}?", [docs[i % 6], docs[(i + 1) % 6], docs[(i + 3) % 6]], SYSTEM,
+                   max_tokens=2)
+        for i in range(12)
+    ]
+    transport = RecordingTransport()
+    async with SpanClient(pic_server.url, transport=transport, max_in_flight=4) as client:
+        outcomes = [outcome async for _, outcome in client.rag_many(requests)]
+        block_size = client.info.block_size
+    assert all(isinstance(o, RagResult) for o in outcomes)
+    prefills = [(done, body["prompt"]) for _, done, body in transport.log if not body.get("stream")]
+    finals = [(sent, body["prompt"]) for sent, _, body in transport.log if body.get("stream")]
+    assert len(finals) == 12 and len(prefills) == 7  # the prefix and six documents, once each
+    for sent, prompt in finals:
+        own = [done for done, part in prefills if contains_at_block(prompt, part, block_size)]
+        assert len(own) == 4  # the prefix and this sample's three documents
+        assert max(own) <= sent
+
+
+@dataclass
+class _Doc:
+    page_content: str
+
+
+class _DuckRetriever:
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    async def ainvoke(self, query: str) -> list[_Doc]:
+        return [_Doc(t) for t in self.texts]
+
+
+async def test_span_rag_answers_through_langchain_and_duck_typed_retrievers(pic_server):
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+
+    class ListRetriever(BaseRetriever):
+        texts: list[str]
+
+        def _get_relevant_documents(self, query: str, *, run_manager) -> list[Document]:
+            return [Document(page_content=t) for t in self.texts]
+
+    docs = fresh_docs(2)
+    async with SpanClient(pic_server.url) as client:
+        expected = client.rag_layout(RagRequest("Question: which mill?", docs, SYSTEM)).cacheable_tokens
+        for retriever in (ListRetriever(texts=docs), _DuckRetriever(docs)):
+            rag = SpanRAG(retriever, client, system=SYSTEM, task_template="Question: {question}",
+                          max_tokens=3)
+            result = await rag.ainvoke("which mill?")
+            assert len(result.token_ids) == 3
+            assert result.cached_tokens == expected
 
 
 def cli(*args: str) -> list[str]:
