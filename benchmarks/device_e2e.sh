@@ -40,6 +40,9 @@ for phase in "$@"; do
             --config .devdata/llama-3.1-8b-config.json --layers 4
         run_step correctness 240 python3 benchmarks/e2e_device.py correctness \
             --model-dir /tmp/llama8b-4l --out "$OUT/correctness.json" ;;
+    correctness-piecewise)
+        MINIPIC_FULL_CUDA_GRAPHS=0 run_step correctness-piecewise 240 python3 benchmarks/e2e_device.py \
+            correctness --model-dir /tmp/llama8b-4l --out "$OUT/correctness-piecewise.json" ;;
     throughput)
         for mode in ${MODES:-stock pic-nomarkers}; do
             run_step "throughput-$mode" 200 python3 benchmarks/e2e_device.py throughput --mode "$mode" \

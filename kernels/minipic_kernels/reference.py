@@ -55,12 +55,14 @@ def paged_rope_attention_reference(
     scale: float,
     output: torch.Tensor | None = None,
     *,
+    max_query_len: int | None = None,
     window_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged, unrotated keys.
 
     ``window_starts`` (from `window_starts_per_block`) may be passed when the
-    caller already derived them for this step. Returns ``output`` (allocated like
+    caller already derived them for this step; ``max_query_len`` is the Triton
+    kernel's launch hint, accepted here so both share one signature. Returns ``output`` (allocated like
     ``query`` when not given) holding ``(num_tokens, num_q_heads, head_size)``
     results in ``query.dtype``.
     """

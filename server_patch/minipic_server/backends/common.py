@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,13 +65,14 @@ class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
 
 def refuse_unsupported_features(
     *,
-    alibi_slopes: Any,
-    sliding_window: Any,
-    logits_soft_cap: Any,
-    attn_type: str,
-    kv_sharing_target_layer_name: Any,
-    sinks: Any,
-    kv_cache_dtype: str,
+    alibi_slopes: Any = None,
+    sliding_window: Any = None,
+    logits_soft_cap: Any = None,
+    attn_type: str = AttentionType.DECODER,
+    kv_sharing_target_layer_name: Any = None,
+    sinks: Any = None,
+    kv_cache_dtype: str = "auto",
+    **_: Any,
 ) -> None:
     """Layer features the position-free kernels do not implement."""
     unsupported = {
@@ -98,11 +100,56 @@ def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return by_token[..., :head_size], by_token[..., head_size:]
 
 
-def linked_rope(impl: Any) -> RopeSpec:
-    rope = getattr(impl, "pic_rope", None)
-    if rope is None:
-        raise MiniPICConfigError(
-            "MiniPIC attention ran without a linked rotary embedding: the model's layers "
-            "do not expose `rotary_emb` next to `attn`, so keys cannot be rotated"
+class PositionFreeAttention:
+    """The forward pass both backends share; each names its kernel in `attend`.
+
+    ``pic_rope`` is linked after loading (`position_free.make_position_free`);
+    `PicAttentionMetadata.block_kind`/``window_starts`` are filled each step.
+    """
+
+    attend: Callable[..., torch.Tensor]
+    num_heads: int
+    head_size: int
+    scale: float
+    pic_rope: RopeSpec | None = None
+
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: PicAttentionMetadata | None,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("MiniPIC attention does not fuse output quantization")
+        if attn_metadata is None:  # profiling and warm-up runs
+            return output.fill_(0)
+        if self.pic_rope is None:
+            raise MiniPICConfigError(
+                "MiniPIC attention ran without a linked rotary embedding: the model's layers "
+                "do not expose `rotary_emb` next to `attn`, so keys cannot be rotated"
+            )
+        num_tokens = attn_metadata.num_actual_tokens
+        key_cache, value_cache = split_kv_cache(kv_cache)
+        type(self).attend(
+            query[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
+            key_cache,
+            value_cache,
+            attn_metadata.block_table,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            attn_metadata.block_kind,
+            self.pic_rope.cos_sin,
+            self.pic_rope.rotary_dim,
+            self.pic_rope.is_neox,
+            self.scale,
+            output[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
+            max_query_len=attn_metadata.max_query_len,
+            window_starts=attn_metadata.window_starts,
         )
-    return rope
+        return output

@@ -19,7 +19,7 @@ from minipic_kernels.reference import paged_rope_attention_reference
 from minipic_server.backends.common import (
     PicAttentionMetadata,
     PicMetadataBuilder,
-    linked_rope,
+    PositionFreeAttention,
     refuse_unsupported_features,
     split_kv_cache,
 )
@@ -50,7 +50,9 @@ class PicCpuAttentionBackend(CPUAttentionBackend):
         return PicMetadataBuilder
 
 
-class PicCpuAttentionImpl(AttentionImpl[PicAttentionMetadata]):
+class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetadata]):
+    attend = staticmethod(paged_rope_attention_reference)
+
     def __init__(
         self,
         num_heads: int,
@@ -81,7 +83,6 @@ class PicCpuAttentionImpl(AttentionImpl[PicAttentionMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = None
-        self.pic_rope = None  # linked to the model's RotaryEmbedding after loading
 
     def do_kv_cache_update(
         self,
@@ -101,39 +102,3 @@ class PicCpuAttentionImpl(AttentionImpl[PicAttentionMetadata]):
         blocks, offsets = slots // block_size, slots % block_size
         key_cache[blocks, offsets] = key[:num_tokens][valid].to(key_cache.dtype)
         value_cache[blocks, offsets] = value[:num_tokens][valid].to(value_cache.dtype)
-
-    def forward(
-        self,
-        layer: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        attn_metadata: PicAttentionMetadata | None,
-        output: torch.Tensor,
-        output_scale: torch.Tensor | None = None,
-        output_block_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if output_scale is not None or output_block_scale is not None:
-            raise NotImplementedError("MiniPIC attention does not fuse output quantization")
-        if attn_metadata is None:  # profiling and warm-up runs
-            return output
-        rope = linked_rope(self)
-        num_tokens = attn_metadata.num_actual_tokens
-        key_cache, value_cache = split_kv_cache(kv_cache)
-        paged_rope_attention_reference(
-            query[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
-            key_cache,
-            value_cache,
-            attn_metadata.block_table,
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens,
-            attn_metadata.block_kind,
-            rope.cos_sin,
-            rope.rotary_dim,
-            rope.is_neox,
-            self.scale,
-            output=output[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
-            window_starts=attn_metadata.window_starts,
-        )
-        return output

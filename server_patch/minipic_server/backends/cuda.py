@@ -8,26 +8,29 @@ request and applies span windows.
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
-import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from minipic_kernels.triton_attention import paged_rope_attention
 from minipic_server.backends.common import (
-    PicAttentionMetadata,
     PicMetadataBuilder,
-    linked_rope,
+    PositionFreeAttention,
     refuse_unsupported_features,
-    split_kv_cache,
 )
 
 
 class PicCudaMetadataBuilder(PicMetadataBuilder):
-    # Window starts are derived per step in eager code before attention runs,
-    # so attention stays outside CUDA graphs (piecewise graphs still cover the rest).
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    # Decode batches can be captured whole: the per-step record and window
+    # derivation are graph-safe tensor ops. MINIPIC_FULL_CUDA_GRAPHS=0 keeps
+    # attention out of graphs (piecewise graphs still cover the rest).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = (
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+        if os.environ.get("MINIPIC_FULL_CUDA_GRAPHS", "1") == "1"
+        else AttentionCGSupport.NEVER
+    )
 
 
 class PicTritonAttentionBackend(TritonAttentionBackend):
@@ -58,73 +61,21 @@ class PicTritonAttentionBackend(TritonAttentionBackend):
         return PicCudaMetadataBuilder
 
 
-class PicTritonAttentionImpl(TritonAttentionImpl):
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        scale: float,
-        num_kv_heads: int,
-        alibi_slopes: list[float] | None,
-        sliding_window: int | None,
-        kv_cache_dtype: str,
-        logits_soft_cap: float | None = None,
-        attn_type: str = AttentionType.DECODER,
-        kv_sharing_target_layer_name: str | None = None,
-        sinks: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> None:
-        refuse_unsupported_features(
-            alibi_slopes=alibi_slopes,
-            sliding_window=sliding_window,
-            logits_soft_cap=logits_soft_cap,
-            attn_type=attn_type,
-            kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-            sinks=sinks,
-            kv_cache_dtype=kv_cache_dtype,
-        )
-        super().__init__(
-            num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
-            kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, sinks, **kwargs,
-        )
-        self.pic_rope = None  # linked to the model's RotaryEmbedding after loading
+class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
+    """vLLM's Triton impl (cache layout, KV write) with MiniPIC's attention kernel."""
+
+    attend = staticmethod(paged_rope_attention)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        refuse_unsupported_features(**dict(zip(_IMPL_ARG_NAMES, args)), **kwargs)
+        super().__init__(*args, **kwargs)
 
     def fused_rope_kvcache_supported(self) -> bool:
         return False  # the key must reach the cache unrotated
 
-    def forward(
-        self,
-        layer: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        attn_metadata: PicAttentionMetadata | None,
-        output: torch.Tensor,
-        output_scale: torch.Tensor | None = None,
-        output_block_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if output_scale is not None or output_block_scale is not None:
-            raise NotImplementedError("MiniPIC attention does not fuse output quantization")
-        if attn_metadata is None:  # profiling run
-            return output.fill_(0)
-        rope = linked_rope(self)
-        num_tokens = attn_metadata.num_actual_tokens
-        key_cache, value_cache = split_kv_cache(kv_cache)
-        paged_rope_attention(
-            query[:num_tokens],
-            key_cache,
-            value_cache,
-            attn_metadata.block_table,
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens,
-            attn_metadata.block_kind,
-            rope.cos_sin,
-            rope.rotary_dim,
-            rope.is_neox,
-            self.scale,
-            output[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
-            max_query_len=attn_metadata.max_query_len,
-            window_starts=attn_metadata.window_starts,
-        )
-        return output
+
+# Positional order of vLLM's AttentionImpl constructor arguments.
+_IMPL_ARG_NAMES = (
+    "num_heads", "head_size", "scale", "num_kv_heads", "alibi_slopes", "sliding_window",
+    "kv_cache_dtype", "logits_soft_cap", "attn_type", "kv_sharing_target_layer_name", "sinks",
+)
