@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from minipic_client.launch import free_port, serve_argv, stop, wait_until_ready
 
 LOCK_PATH = Path(tempfile.gettempdir()) / "minipic-test-server.lock"
-START_TIMEOUT_S = 420
-
 # Small blocks keep test prompts short; a 256-token step budget exercises chunked prefill.
 COMMON_ARGS = (
     "--dtype", "float32",
@@ -46,11 +41,12 @@ class ServerSpec:
     env: tuple[tuple[str, str], ...] = ()
 
     def argv(self, model_dir: Path, port: int) -> list[str]:
-        args = [str(model_dir), "--host", "127.0.0.1", "--port", str(port), *COMMON_ARGS, *self.extra_args]
+        argv = serve_argv(model_dir, port, (*COMMON_ARGS, *self.extra_args))
         if self.pic:
-            return [sys.executable, "-m", "minipic_client.cli", "serve", *args]
+            return argv
+        # Stock `vllm serve` with the same arguments (after `minipic serve`).
         code = "import sys; from minipic_server.serve import run_vllm_serve; run_vllm_serve(sys.argv[1:])"
-        return [sys.executable, "-c", code, "serve", *args]
+        return [sys.executable, "-c", code, *argv[argv.index("serve"):]]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.env))
@@ -66,59 +62,33 @@ class RunningServer:
     model_dir: Path
     process: subprocess.Popen
     log_path: Path
-    started: float = field(default_factory=time.monotonic)
 
     @property
     def model(self) -> str:
         return str(self.model_dir)
 
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop(self.process)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_process(spec: ServerSpec, model_dir: Path, log_dir: Path) -> RunningServer:
+def start(spec: ServerSpec, model_dir: Path, log_dir: Path) -> RunningServer:
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        spec.argv(model_dir, port),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=spec.environment(),
-        start_new_session=True,  # so stop() can end the engine and worker processes too
-    )
-    return RunningServer(spec, f"http://127.0.0.1:{port}", model_dir, process, log_path)
-
-
-def wait_until_ready(server: RunningServer) -> None:
-    ready_path = "/minipic/info" if server.spec.pic else "/health"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.url + ready_path, timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    server.stop()
-    raise TimeoutError(f"server not ready after {START_TIMEOUT_S}s:\n{server.log_tail()}")
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            spec.argv(model_dir, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=spec.environment(),
+            start_new_session=True,  # so stop() can end the engine and worker processes too
+        )
+    server = RunningServer(spec, f"http://127.0.0.1:{port}", model_dir, process, log_path)
+    try:
+        wait_until_ready(server.url, process, log_path, path="/minipic/info" if spec.pic else "/health")
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 class ServerPool:
@@ -135,10 +105,8 @@ class ServerPool:
             return self.current
         self.stop()
         self._acquire()
-        server = start_process(spec, self.model_dir, self.log_dir)
-        self.current = server
-        wait_until_ready(server)
-        return server
+        self.current = start(spec, self.model_dir, self.log_dir)
+        return self.current
 
     def restart(self) -> RunningServer:
         assert self.current is not None

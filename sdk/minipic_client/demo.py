@@ -13,11 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from minipic_client import RagRequest, RagResult, SpanClient, Strategy
+from minipic_client.launch import local_server
 
 SYSTEM = "You answer questions about a small town using the documents provided."
 DOCS = [
@@ -44,35 +40,14 @@ SAMPLES = [
     ([5, 4, 3, 2], "How tall is the church tower?"),
 ]
 MAX_TOKENS = 8
+SERVER_ARGS = ("--dtype", "float32", "--block-size", "16", "--max-model-len", "2048",
+               "--kv-cache-memory-bytes", str(64 << 20))
 
 console = Console()
 
 
 def requests() -> list[RagRequest]:
     return [RagRequest(task, [DOCS[i] for i in docs], SYSTEM, max_tokens=MAX_TOKENS) for docs, task in SAMPLES]
-
-
-def start_server(model: Path, port: int, log: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "minipic_client.cli", "serve", str(model), "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", "float32", "--block-size", "16", "--max-model-len", "2048",
-            "--kv-cache-memory-bytes", str(64 << 20)]
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_ready(url: str, server: subprocess.Popen, log: Path, timeout_s: float = 420) -> None:
-    deadline = time.monotonic() + timeout_s
-    with console.status("starting minipic serve (about a minute on CPU)..."):
-        while time.monotonic() < deadline:
-            if server.poll() is not None:
-                raise SystemExit(f"minipic serve exited:\n{log.read_text()[-4000:]}")
-            try:
-                if httpx.get(url + "/minipic/info", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-    raise SystemExit(f"minipic serve not ready after {timeout_s}s; see {log}")
 
 
 async def cold(client: SpanClient, url: str, request: RagRequest) -> RagResult:
@@ -127,26 +102,14 @@ def vars_of(request: RagRequest) -> dict:
             "max_tokens": request.max_tokens}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path, default=Path(".tiny-model"))
     parser.add_argument("--log", type=Path, default=Path("demo-server.log"))
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = start_server(args.model, port, args.log)
-    try:
-        wait_ready(url, server, args.log)
+    console.print(f"starting minipic serve on {args.model} (about a minute on CPU; log: {args.log})")
+    with local_server(args.model, SERVER_ARGS, args.log) as url:
         ok = asyncio.run(run(url))
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
     raise SystemExit(0 if ok else 1)
 
 
