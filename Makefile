@@ -24,5 +24,8 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -ra -m "not server" $(PYTEST_ARGS)
 
+lint: venv
+	$(VENV)/bin/ruff check .
+
 clean:
 	rm -rf $(TINY_MODEL) .pytest_cache

@@ -46,6 +46,11 @@ T0 = time.time()
 LINES: list[str] = []
 
 
+
+def _summary(values: dict, digits: int) -> str:
+    """``k=v`` pairs with numbers rounded, for one log line."""
+    return ", ".join(f"{k}={v if isinstance(v, str) else round(v, digits)}" for k, v in values.items())
+
 def log(msg: str) -> None:
     line = f"[{time.time() - T0:7.1f}s] {msg}"
     LINES.append(line)
@@ -669,7 +674,7 @@ class Runner:
             row["best_sweep"] = best
             rows.append(row)
             log(json.dumps({k: v for k, v in row.items() if k != "sweep"}))
-            log(f"  sweep {name}: " + ", ".join(f"{k}={v if isinstance(v, str) else round(v, 4)}" for k, v in sweep.items()))
+            log(f"  sweep {name}: {_summary(sweep, 4)}")
 
     # -- prefill config sweep
     def sweep(self) -> None:
@@ -702,7 +707,7 @@ class Runner:
                 if self.dry:
                     break
             self.results["sweep"].append({"case": name, "ms": res})
-            log(f"sweep {name}: " + ", ".join(f"{k}={v if isinstance(v, str) else round(v, 3)}" for k, v in res.items()))
+            log(f"sweep {name}: {_summary(res, 3)}")
             # head 256 / head 64 shapes (Gemma-like 8q/4kv heads of 256; 16q/4kv heads of 64)
         for name, kw, cl in (
             ("d256_8k", dict(hq=8, hkv=4, d=256), _PREFILL_CONFIGS["head256"]),
@@ -724,7 +729,7 @@ class Runner:
                 k, v = self.fa3.caches(b)
                 res["fa3"] = bench_ms(lambda: self.fa3(b, k, v, out), self.dry)
             self.results["sweep"].append({"case": name, "ms": res})
-            log(f"sweep {name}: " + ", ".join(f"{k}={v if isinstance(v, str) else round(v, 3)}" for k, v in res.items()))
+            log(f"sweep {name}: {_summary(res, 3)}")
 
     # -- the default paths after tuning from the first run (one short device call)
     def quick(self) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from minipic_server.tiny_model import make_tiny_model
+
 from servers import RunningServer, ServerPool, ServerSpec
 
 PIC = ServerSpec()

@@ -16,6 +16,7 @@ import pytest
 
 from minipic_client import RagRequest, RagResult, RequestEvent, SpanClient, SpanRAG
 from minipic_server.markers import PDEP_TOKEN, SSEP_TOKEN
+
 from server_api import acomplete
 
 pytestmark = pytest.mark.server

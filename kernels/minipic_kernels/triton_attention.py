@@ -609,7 +609,7 @@ def rotate_kv_to_dense_pages(
     return k_out, v_out, table
 
 
-def _prepass_for_prefill(args: dict, prob: "_Problem", decode_block_q: int, max_bytes: int):
+def _prepass_for_prefill(args: dict, prob: _Problem, decode_block_q: int, max_bytes: int):
     """Rotate the keys of the prefill-path requests into scratch pages, or None.
 
     Requests with more than ``decode_block_q`` query tokens get a row of dense pages

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -52,9 +52,9 @@ def _root(
 def serve(
     ctx: typer.Context,
     model: str = typer.Argument(..., help="Model path or Hugging Face name."),
-    ssep_token_id: Optional[int] = typer.Option(None, help="SSep marker id (default: from the tokenizer)."),
-    pdep_token_id: Optional[int] = typer.Option(None, help="PDep marker id (default: from the tokenizer)."),
-    pad_token_id: Optional[int] = typer.Option(None, help="Pad id (default: from the tokenizer)."),
+    ssep_token_id: int | None = typer.Option(None, help="SSep marker id (default: from the tokenizer)."),
+    pdep_token_id: int | None = typer.Option(None, help="PDep marker id (default: from the tokenizer)."),
+    pad_token_id: int | None = typer.Option(None, help="Pad id (default: from the tokenizer)."),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
     from minipic_server.markers import MarkerIds
@@ -112,11 +112,11 @@ def batch(
     strategy: Strategy = typer.Option(
         Strategy.ISPS, help="Scheduling; baseline sends plain prompts (PIC off)."
     ),
-    max_in_flight: Optional[int] = typer.Option(
+    max_in_flight: int | None = typer.Option(
         None, min=1, help="Concurrent requests (default: the server's max_num_seqs)."
     ),
     max_tokens: int = _MAX_TOKENS,
-    tokenizer: Optional[str] = _TOKENIZER,
+    tokenizer: str | None = _TOKENIZER,
 ) -> None:
     """Answer every sample of a JSONL file; resumable."""
     from rich.console import Console
@@ -174,12 +174,12 @@ async def _batch(
 def rag(
     server: str = _SERVER,
     task: str = typer.Option(..., "--task", help="The question or instruction."),
-    doc: List[Path] = typer.Option(
+    doc: list[Path] = typer.Option(
         [], "--doc", exists=True, dir_okay=False, help="A document file (one span); repeat for more."
     ),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    system: str | None = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = _MAX_TOKENS,
-    tokenizer: Optional[str] = _TOKENIZER,
+    tokenizer: str | None = _TOKENIZER,
 ) -> None:
     """Answer one question over document files; the answer goes to stdout."""
     from rich.console import Console
