@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,9 +72,9 @@ class RunningServer:
         stop(self.process)
 
 
-def start(spec: ServerSpec, model_dir: Path, log_dir: Path) -> RunningServer:
-    port = free_port()
-    log_path = log_dir / f"server-{port}.log"
+def start(spec: ServerSpec, model_dir: Path, log_dir: Path, port: int | None = None) -> RunningServer:
+    port = port or free_port()
+    log_path = log_dir / f"server-{port}-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             spec.argv(model_dir, port),
@@ -109,10 +110,13 @@ class ServerPool:
         return self.current
 
     def restart(self) -> RunningServer:
+        """The same server again, on the same port, with an empty cache."""
         assert self.current is not None
-        spec = self.current.spec
+        spec, port = self.current.spec, int(self.current.url.rsplit(":", 1)[1])
         self.stop()
-        return self.get(spec)
+        self._acquire()
+        self.current = start(spec, self.model_dir, self.log_dir, port)
+        return self.current
 
     def stop(self) -> None:
         if self.current is not None:
