@@ -38,7 +38,6 @@ from minipic_kernels.triton_attention import (
     _TUNED,
     AttentionConfig,
     paged_rope_attention,
-    paged_rope_attention_with_config,
     rotate_kv_to_dense_pages,
 )
 
@@ -201,7 +200,7 @@ def run_ours(
     if cos_sin is not None:
         args["cos_sin"] = cos_sin
     if prepass_max_bytes is not None:
-        return paged_rope_attention_with_config(
+        return paged_rope_attention(
             **args, output=out, max_query_len=b.max_query_len, window_starts=b.window_starts,
             prepass_max_bytes=prepass_max_bytes,
         )  # fmt: skip
@@ -209,7 +208,7 @@ def run_ours(
         return paged_rope_attention(
             **args, output=out, max_query_len=b.max_query_len, window_starts=b.window_starts
         )
-    return paged_rope_attention_with_config(
+    return paged_rope_attention(
         **args,
         output=out,
         max_query_len=b.max_query_len,
@@ -566,7 +565,7 @@ class Runner:
             args = b.kernel_args()
             args.update(key_cache=kd, value_cache=vd, block_table=td, rotary_dim=0, window_starts=b.window_starts)
             row["ours_norope_ms"] = bench_ms(
-                lambda: paged_rope_attention_with_config(**args, output=out, max_query_len=n), self.dry
+                lambda: paged_rope_attention(**args, output=out, max_query_len=n), self.dry
             )
             row["ours_tflops"] = flops / row["ours_ms"] / 1e9
             if "fa3_ms" in row:
@@ -646,7 +645,7 @@ class Runner:
             args = b.kernel_args()
             args.update(key_cache=kd, value_cache=vd, block_table=td, rotary_dim=0, window_starts=b.window_starts)
             row["ours_norope_ms"] = bench_ms(
-                lambda: paged_rope_attention_with_config(**args, output=out, max_query_len=1), self.dry
+                lambda: paged_rope_attention(**args, output=out, max_query_len=1), self.dry
             )
             row["window_starts_ms"] = bench_ms(
                 lambda: window_starts_per_block(b.block_table, b.block_kind, 16), self.dry

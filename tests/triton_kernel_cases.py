@@ -23,7 +23,6 @@ from minipic_kernels.reference import paged_rope_attention_reference
 from minipic_kernels.triton_attention import (
     AttentionConfig,
     paged_rope_attention,
-    paged_rope_attention_with_config,
     rotate_kv_to_dense_pages,
 )
 
@@ -181,13 +180,13 @@ def _run_case(case: Case) -> dict:
         ws = window_starts_per_block(inputs["block_table"], inputs["block_kind"], case.block_size)
         rest = {k: v for k, v in inputs.items() if k not in ("key_cache", "value_cache", "block_table")}
         rest.update(rotary_dim=0)
-        paged_rope_attention_with_config(
+        paged_rope_attention(
             **rest, key_cache=k_rot, value_cache=v_dense, block_table=table, output=out,
             max_query_len=max_query_len, window_starts=ws,
             prefill_config=case.prefill, decode_config=case.decode,
         )  # fmt: skip
     else:
-        paged_rope_attention_with_config(
+        paged_rope_attention(
             **inputs,
             output=out,
             max_query_len=max_query_len,

@@ -50,7 +50,6 @@ from minipic_kernels.block_kinds import window_starts_per_block
 __all__ = [
     "AttentionConfig",
     "paged_rope_attention",
-    "paged_rope_attention_with_config",
     "rotate_kv_to_dense_pages",
 ]
 
@@ -909,7 +908,7 @@ def _kernel_cos_sin(cos_sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def paged_rope_attention_with_config(
+def paged_rope_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -929,13 +928,28 @@ def paged_rope_attention_with_config(
     decode_config: AttentionConfig | None = None,
     prepass_max_bytes: int | None = None,
 ) -> torch.Tensor:
-    """`paged_rope_attention` with explicit launch configurations (None: tuned/default).
+    """Attention of each request's query rows over its paged, unrotated keys.
 
-    ``rotary_dim=0`` (this entry point only) treats the cached keys as already rotated.
-    ``prepass_max_bytes``: scratch budget of the prefill pre-pass (0 disables it: keys
-    are then rotated inside the tile kernel too); None: the pre-pass runs for batches
-    of at least ``MINIPIC_ATTN_PREPASS_MIN_TOKENS`` (2048) tokens within
-    ``MINIPIC_ATTN_PREPASS_MAX_BYTES`` (1 GiB) of scratch.
+    Same semantics as `paged_rope_attention_reference` (see its module docstring):
+    ``query`` ``(num_tokens, num_q_heads, head_size)`` already rotated; ``key_cache`` /
+    ``value_cache`` ``(num_blocks, block_size, num_kv_heads, head_size)`` with any
+    strides; ``block_table`` ``(num_reqs, max_blocks)``; ``query_start_loc``
+    ``(num_reqs + 1,)``; ``seq_lens`` ``(num_reqs,)``; ``block_kind`` per physical
+    block; ``cos_sin`` ``(max_positions, rotary_dim)`` = ``cat(cos, sin)`` (float32,
+    or the model dtype; math is fp32 either way).
+
+    Never syncs with the host: grid sizes come from tensor shapes and ``max_query_len``
+    (an upper bound on query tokens per request, optional: it only lets a decode-only
+    batch skip the prefill launch). ``window_starts`` may be passed precomputed
+    (``window_starts_per_block(block_table, block_kind, block_size)``), e.g. once per
+    step for all layers. ``output`` must not alias the inputs.
+
+    Tuning knobs, for tests and benchmarks: ``prefill_config`` / ``decode_config`` pin the
+    launch configurations (None: tuned once per shape class, or the default). ``rotary_dim=0``
+    treats the cached keys as already rotated. ``prepass_max_bytes`` is the scratch budget of
+    the prefill pre-pass (0 disables it: keys are then rotated inside the tile kernel too);
+    None: the pre-pass runs for batches of at least ``MINIPIC_ATTN_PREPASS_MIN_TOKENS`` (2048)
+    tokens within ``MINIPIC_ATTN_PREPASS_MAX_BYTES`` (1 GiB) of scratch.
     """
     num_tokens, num_q_heads, head_size = query.shape
     _, kv_block_size, num_kv_heads, kv_head_size = key_cache.shape
@@ -1000,55 +1014,3 @@ def paged_rope_attention_with_config(
         cfg = prefill_config or _pick_config("prefill", prob, prefill_args, output, decode_block_q)
         _launch("prefill", cfg, prob, prefill_args, output, decode_block_q)
     return output
-
-
-def paged_rope_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_kind: torch.Tensor,
-    cos_sin: torch.Tensor,
-    rotary_dim: int,
-    is_neox: bool,
-    scale: float,
-    output: torch.Tensor | None = None,
-    *,
-    max_query_len: int | None = None,
-    window_starts: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attention of each request's query rows over its paged, unrotated keys.
-
-    Same semantics as `paged_rope_attention_reference` (see its module docstring):
-    ``query`` ``(num_tokens, num_q_heads, head_size)`` already rotated; ``key_cache`` /
-    ``value_cache`` ``(num_blocks, block_size, num_kv_heads, head_size)`` with any
-    strides; ``block_table`` ``(num_reqs, max_blocks)``; ``query_start_loc``
-    ``(num_reqs + 1,)``; ``seq_lens`` ``(num_reqs,)``; ``block_kind`` per physical
-    block; ``cos_sin`` ``(max_positions, rotary_dim)`` = ``cat(cos, sin)`` (float32,
-    or the model dtype; math is fp32 either way).
-
-    Never syncs with the host: grid sizes come from tensor shapes and ``max_query_len``
-    (an upper bound on query tokens per request, optional: it only lets a decode-only
-    batch skip the prefill launch). ``window_starts`` may be passed precomputed
-    (``window_starts_per_block(block_table, block_kind, block_size)``), e.g. once per
-    step for all layers. ``output`` must not alias the inputs.
-    """
-    return paged_rope_attention_with_config(
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        query_start_loc,
-        seq_lens,
-        block_kind,
-        cos_sin,
-        rotary_dim,
-        is_neox,
-        scale,
-        output,
-        max_query_len=max_query_len,
-        window_starts=window_starts,
-    )
-
