@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
 from vllm.config import get_current_vllm_config
 from vllm.platforms import current_platform
 
 from minipic_server.config import MiniPICConfigError, pic_config_of
+from minipic_server.patching import wrap_attribute
 
 CPU_BACKEND = "minipic_server.backends.cpu.PicCpuAttentionBackend"
 CUDA_BACKEND = "minipic_server.backends.cuda.PicTritonAttentionBackend"
@@ -24,26 +25,23 @@ def _backend_for_platform() -> str:
 
 def install() -> None:
     """Wrap the platform's backend choice once per process."""
-    platform_cls = type(current_platform)
-    if getattr(platform_cls, "_minipic_installed", False):
-        return
     if current_platform.is_cuda():
         # The backend reports itself as CUSTOM; vLLM maps that name back through the registry.
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
         register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)
-    original = platform_cls.get_attn_backend_cls
 
-    @functools.wraps(original)
-    def get_attn_backend_cls(selected_backend: Any, *args: Any, **kwargs: Any) -> str:
-        if pic_config_of(get_current_vllm_config()) is None:
-            return original(selected_backend, *args, **kwargs)
-        if selected_backend is not None and selected_backend.name not in ("CUSTOM", "CPU_ATTN"):
-            raise MiniPICConfigError(
-                f"--attention-backend {selected_backend.name} cannot be used with MiniPIC: "
-                "PIC needs its own attention (unrotated keys, span windows); drop the flag"
-            )
-        return _backend_for_platform()
+    def wrap(original: Callable[..., str]) -> Callable[..., str]:
+        def get_attn_backend_cls(selected_backend: Any, *args: Any, **kwargs: Any) -> str:
+            if pic_config_of(get_current_vllm_config()) is None:
+                return original(selected_backend, *args, **kwargs)
+            if selected_backend is not None and selected_backend.name not in ("CUSTOM", "CPU_ATTN"):
+                raise MiniPICConfigError(
+                    f"--attention-backend {selected_backend.name} cannot be used with MiniPIC: "
+                    "PIC needs its own attention (unrotated keys, span windows); drop the flag"
+                )
+            return _backend_for_platform()
 
-    platform_cls.get_attn_backend_cls = staticmethod(get_attn_backend_cls)
-    platform_cls._minipic_installed = True
+        return get_attn_backend_cls
+
+    wrap_attribute(type(current_platform), "get_attn_backend_cls", wrap)

@@ -8,7 +8,7 @@ constructor call cannot be wrapped. The hooks sit on methods it calls later:
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -18,19 +18,16 @@ from vllm.v1.engine.core import EngineCore
 from minipic_server.config import PicConfig, pic_config_of
 from minipic_server.guards import check_kv_cache_groups
 from minipic_server.hashing import make_pic_block_hasher
+from minipic_server.patching import wrap_attribute
 
 
 def install() -> None:
     """Wrap EngineCore once per process; a no-op for engines without a minipic section."""
-    if getattr(EngineCore, "_minipic_installed", False):
-        return
-    EngineCore._initialize_kv_caches = _wrap_initialize_kv_caches(EngineCore._initialize_kv_caches)
-    EngineCore.preprocess_add_request = _wrap_preprocess(EngineCore.preprocess_add_request)
-    EngineCore._minipic_installed = True
+    wrap_attribute(EngineCore, "_initialize_kv_caches", _wrap_initialize_kv_caches)
+    wrap_attribute(EngineCore, "preprocess_add_request", _wrap_preprocess)
 
 
-def _wrap_initialize_kv_caches(original):
-    @functools.wraps(original)
+def _wrap_initialize_kv_caches(original: Callable[..., Any]) -> Callable[..., Any]:
     def _initialize_kv_caches(self: EngineCore, vllm_config: Any) -> Any:
         kv_cache_config = original(self, vllm_config)
         pic = pic_config_of(vllm_config)
@@ -46,8 +43,7 @@ def _wrap_initialize_kv_caches(original):
     return _initialize_kv_caches
 
 
-def _wrap_preprocess(original):
-    @functools.wraps(original)
+def _wrap_preprocess(original: Callable[..., Any]) -> Callable[..., Any]:
     def preprocess_add_request(self: EngineCore, request: Any) -> Any:
         pic: PicConfig | None = getattr(self, "_minipic", None)
         if pic is not None:

@@ -7,10 +7,11 @@ engines whose ``additional_config`` holds a ``"minipic"`` section.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
 from minipic_server.config import pic_config_of
+from minipic_server.patching import wrap_attribute
 
 
 def register() -> None:
@@ -26,19 +27,16 @@ def _install_config_guards() -> None:
     """Check the configuration where it is created, so a bad setup fails before the engine starts."""
     from vllm.engine.arg_utils import EngineArgs
 
-    if getattr(EngineArgs, "_minipic_installed", False):
-        return
-    original = EngineArgs.create_engine_config
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
+            from minipic_server.guards import check_engine_config
 
-    @functools.wraps(original)
-    def create_engine_config(self: EngineArgs, *args: Any, **kwargs: Any) -> Any:
-        from minipic_server.guards import check_engine_config
+            vllm_config = original(self, *args, **kwargs)
+            pic = pic_config_of(vllm_config)
+            if pic is not None:
+                check_engine_config(vllm_config, pic)
+            return vllm_config
 
-        vllm_config = original(self, *args, **kwargs)
-        pic = pic_config_of(vllm_config)
-        if pic is not None:
-            check_engine_config(vllm_config, pic)
-        return vllm_config
+        return create_engine_config
 
-    EngineArgs.create_engine_config = create_engine_config
-    EngineArgs._minipic_installed = True
+    wrap_attribute(EngineArgs, "create_engine_config", wrap)

@@ -12,6 +12,7 @@ After vLLM loads a model with PIC active:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,24 +25,23 @@ from minipic_kernels.block_kinds import BlockKind, window_starts_per_block
 from minipic_server.backends.common import PicAttentionMetadata, RopeSpec
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_rope_class
+from minipic_server.patching import wrap_attribute
 
 
 def install() -> None:
     """Wrap model loading once per process; a no-op for engines without a minipic section."""
-    if getattr(BaseModelLoader, "_minipic_installed", False):
-        return
-    original = BaseModelLoader.load_model
 
-    @functools.wraps(original)
-    def load_model(self: BaseModelLoader, vllm_config: Any, model_config: Any, *args: Any, **kwargs: Any) -> nn.Module:
-        model = original(self, vllm_config, model_config, *args, **kwargs)
-        pic = pic_config_of(vllm_config)
-        if pic is not None:
-            make_position_free(model, pic)
-        return model
+    def wrap(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        def load_model(self: BaseModelLoader, vllm_config: Any, model_config: Any, *args: Any, **kwargs: Any):
+            model = original(self, vllm_config, model_config, *args, **kwargs)
+            pic = pic_config_of(vllm_config)
+            if pic is not None:
+                make_position_free(model, pic)
+            return model
 
-    BaseModelLoader.load_model = load_model
-    BaseModelLoader._minipic_installed = True
+        return load_model
+
+    wrap_attribute(BaseModelLoader, "load_model", wrap)
 
 
 class QueryOnlyRotary(nn.Module):
