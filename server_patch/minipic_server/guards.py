@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from minipic_server.config import MiniPICConfigError, PicConfig
+from minipic_server.markers import load_tokenizer
 
 # RoPE classes whose rotation is fully described by (cos_sin_cache, rotary_dim, is_neox_style),
 # which is what the attention backends re-apply to keys. Exact class names, not isinstance:
@@ -78,11 +79,7 @@ def _tokenizer_vocab_size(model_config: Any) -> int:
     embedding_rows = model_config.get_vocab_size()
     if model_config.skip_tokenizer_init:
         return embedding_rows
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_config.tokenizer,
-        revision=model_config.tokenizer_revision,
-        trust_remote_code=model_config.trust_remote_code,
+    tokenizer = load_tokenizer(
+        model_config.tokenizer, model_config.tokenizer_revision, model_config.trust_remote_code
     )
     return min(len(tokenizer), embedding_rows)

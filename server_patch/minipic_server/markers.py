@@ -6,8 +6,9 @@ them by accident (the reference fork's '+' and '@' could).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 # Dedicated tokens of the embedded tiny model (and of any tokenizer that adds them).
 SSEP_TOKEN = "<|minipic_ssep|>"
@@ -35,6 +36,14 @@ class MarkerIds:
     ssep_token_id: int
     pdep_token_id: int
     pad_token_id: int
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(name: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """The served tokenizer, loaded once per process (marker choice and guards share it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
 
 
 def pick_marker_ids(tokenizer: _Vocab) -> MarkerIds:

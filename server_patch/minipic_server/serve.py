@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 
 from minipic_server.config import PicConfig
 from minipic_server.info_endpoint import ENDPOINT_PLUGIN_NAME
-from minipic_server.markers import MarkerIds, pick_marker_ids
+from minipic_server.markers import MarkerIds, load_tokenizer, pick_marker_ids
 
 # Defaults go before the user's arguments so that an explicit user flag wins;
 # the plugin's guards then refuse the ones PIC cannot work with.
@@ -44,11 +44,10 @@ def _without_option(args: list[str], name: str) -> list[str]:
 def resolve_markers(model: str, vllm_args: list[str], given: MarkerIds | None) -> MarkerIds:
     if given is not None:
         return given
-    from transformers import AutoTokenizer
-
     tokenizer_name = _option_value(vllm_args, "--tokenizer") or model
+    revision = _option_value(vllm_args, "--tokenizer-revision")
     trust = "--trust-remote-code" in vllm_args
-    return pick_marker_ids(AutoTokenizer.from_pretrained(tokenizer_name, trust_remote_code=trust))
+    return pick_marker_ids(load_tokenizer(tokenizer_name, revision, trust))
 
 
 def build_vllm_argv(model: str, vllm_args: list[str], markers: MarkerIds, on_cpu: bool) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm.v1.attention.backend import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
@@ -98,6 +98,27 @@ def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     head_size = kv_cache.shape[-1] // 2
     by_token = kv_cache.transpose(1, 2)
     return by_token[..., :head_size], by_token[..., head_size:]
+
+
+class PositionFreeBackend:
+    """What both backends declare: decoder attention only, no windows, sinks or quantized KV.
+
+    Listed first in a backend's bases so these answers override the stock backend's.
+    """
+
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
 
 
 class PositionFreeAttention:

@@ -20,26 +20,18 @@ from minipic_server.backends.common import (
     PicAttentionMetadata,
     PicMetadataBuilder,
     PositionFreeAttention,
+    PositionFreeBackend,
     refuse_unsupported_features,
     split_kv_cache,
 )
 
 
-class PicCpuAttentionBackend(CPUAttentionBackend):
+class PicCpuAttentionBackend(PositionFreeBackend, CPUAttentionBackend):
     forward_includes_kv_cache_update: bool = False
-    supported_kv_cache_dtypes = ["auto"]
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[int | MultipleOf]:
         return [MultipleOf(16)]
-
-    @classmethod
-    def supports_sliding_window(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
 
     @staticmethod
     def get_impl_cls() -> type[PicCpuAttentionImpl]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from minipic_kernels.triton_attention import paged_rope_attention
 from minipic_server.backends.common import (
     PicMetadataBuilder,
     PositionFreeAttention,
+    PositionFreeBackend,
     refuse_unsupported_features,
 )
 
@@ -33,24 +34,10 @@ class PicCudaMetadataBuilder(PicMetadataBuilder):
     )
 
 
-class PicTritonAttentionBackend(TritonAttentionBackend):
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
-
+class PicTritonAttentionBackend(PositionFreeBackend, TritonAttentionBackend):
     @staticmethod
     def get_name() -> str:
         return "CUSTOM"
-
-    @classmethod
-    def supports_sliding_window(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_sink(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
 
     @staticmethod
     def get_impl_cls() -> type[PicTritonAttentionImpl]:
