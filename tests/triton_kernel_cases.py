@@ -1,4 +1,4 @@
-"""Cases comparing the Triton kernel with the torch reference (helper, not a test module).
+"""Cases comparing the GPU attention path with the torch reference (helper, not a test module).
 
 `tests/test_triton_kernel.py` runs this file in a subprocess with ``TRITON_INTERPRET=1``
 so the Triton interpreter never leaks into the pytest process (other modules import
@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 
 import torch
 
+from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind
-from minipic_kernels.reference import paged_rope_attention_reference
-from minipic_kernels.triton_attention import (
-    AttentionConfig,
-    paged_rope_attention,
-    rotate_kv_to_dense_pages,
-)
+from minipic_kernels.reference import paged_causal_attention_reference, paged_rope_attention_reference
+from minipic_kernels.triton_attention import AttentionConfig
 
 
 @dataclasses.dataclass
@@ -40,13 +36,15 @@ class Case:
     dtype: torch.dtype = torch.float32
     kinds: str = "mixed"  # "plain" | "mixed" (SSep/PDep blocks)
     duplicate_block: bool = False  # one physical block twice in a table
-    prefill: AttentionConfig = AttentionConfig(32, 16, 4, 1)
-    decode: AttentionConfig = AttentionConfig(16, 16, 4, 1, num_splits=1)
-    max_query_len_given: bool = True
-    public_api: bool = False  # call paged_rope_attention (default configs) instead
-    prepass: bool = False  # rotate_kv_to_dense_pages, then the kernel with rotary_dim=0
-    prepass_bytes: int | None = 0  # tile launch: 0 rotates in-kernel, > 0 pre-pass budget
-    env: dict[str, str] = dataclasses.field(default_factory=dict)  # set while the case runs
+    prefill: AttentionConfig | None = AttentionConfig(32, 16, 4, 1)
+    decode: AttentionConfig | None = AttentionConfig(16, 16, 4, 1, relative=True, num_splits=1)
+    # "scratch": prefill by the tile kernel over rotated scratch pages; "dense": window-free
+    # prefill by a stock paged kernel (the reference stands in for FlashAttention);
+    # "in_kernel": no scratch budget, keys rotated in the tile kernel.
+    mode: str = "scratch"
+    table_scale: float = 1.0  # YaRN-style magnitude scale folded into cos/sin
+    table_rows: int | None = None  # RoPE table length (default: longest request + 5)
+    host_upper_bounds: int = 0  # plan from host lengths this much above the device's
     seed: int = 0
 
 
@@ -82,10 +80,10 @@ def build(case: Case) -> dict:
     qsl[1:] = torch.cumsum(torch.tensor(qlens), 0)
     num_tokens = int(qsl[-1])
     query = torch.randn(num_tokens, hkv * case.group, d, generator=g).to(case.dtype)
-    max_pos = max(s for s, _ in case.reqs) + 5
+    max_pos = case.table_rows or max(s for s, _ in case.reqs) + 5
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
-    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * case.table_scale
     return dict(
         query=query,
         key_cache=key_cache,
@@ -98,12 +96,12 @@ def build(case: Case) -> dict:
         rotary_dim=rot,
         is_neox=case.is_neox,
         scale=d**-0.5,
-        max_query_len=max(qlens) if case.max_query_len_given else None,
     )
 
 
 F32, F16 = torch.float32, torch.float16
 MIXED = [(37, 37), (70, 1), (50, 20), (16, 1), (90, 3)]
+DENSE = [(64, 64), (70, 1), (90, 40), (48, 48), (33, 2)]
 
 CASES = [
     Case("f32_neox_bs16_g1", MIXED),
@@ -116,84 +114,50 @@ CASES = [
     Case("f32_dup_block", [(80, 80), (48, 2)], duplicate_block=True, group=2, seed=7),
     Case("f32_plain_windows", MIXED, kinds="plain", seed=8),
     Case("f32_group3_padded", [(45, 45), (33, 1)], group=3, seed=9),
-    Case(
-        "f32_wide_tiles",
-        MIXED,
-        prefill=AttentionConfig(16, 32, 4, 1),
-        decode=AttentionConfig(16, 32, 4, 1, num_splits=1),
-        seed=10,
-    ),
-    Case(
-        "f32_splits",
-        [(96, 40), (120, 1), (64, 2)],
-        group=2,
-        prefill=AttentionConfig(32, 16, 4, 1, num_splits=3),
-        decode=AttentionConfig(16, 16, 4, 1, num_splits=4),
-        seed=11,
-    ),
-    Case("f32_no_max_query_len", MIXED, max_query_len_given=False, seed=12),
+    Case("f32_wide_tiles", MIXED, prefill=AttentionConfig(16, 32, 4, 1),
+         decode=AttentionConfig(16, 32, 4, 1, relative=True, num_splits=1), seed=10),
+    Case("f32_decode_splits", [(96, 40), (120, 1), (64, 2)], group=2,
+         decode=AttentionConfig(16, 16, 4, 1, relative=True, num_splits=4), seed=11),
+    Case("f32_decode_absolute", [(120, 1), (64, 2), (40, 40)], group=2,
+         decode=AttentionConfig(16, 16, 4, 1, num_splits=3), seed=12),
     Case("f32_decode_only", [(70, 1), (33, 1), (100, 1)], group=4, seed=13),
-    Case("f32_public_api_defaults", [(150, 150), (90, 1), (70, 9)], group=2, public_api=True, seed=14),
-    Case("f16_public_api_d128", [(130, 130), (66, 1)], group=4, head_size=128, dtype=F16,
-         public_api=True, seed=15),
-    Case("f16_public_api_prepass", [(130, 130), (66, 1), (90, 17)], group=2, dtype=F16, public_api=True,
-         env={"MINIPIC_ATTN_PREPASS_MIN_TOKENS": "0"}, seed=21),
-    Case("f32_prepass_neox_partial", MIXED, group=2, rotary_dim=32, prepass=True, seed=16),
-    # The tile launch over scratch pages written by the built-in pre-pass.
-    Case("f32_builtin_prepass_gptj", MIXED, group=2, is_neox=False, prepass_bytes=1 << 30, seed=18),
-    Case("f16_builtin_prepass_dup_partial", [(80, 80), (48, 2), (33, 1), (64, 20)], rotary_dim=32,
-         dtype=F16, duplicate_block=True, prepass_bytes=1 << 30, seed=19),
-    Case("f32_builtin_prepass_over_budget", MIXED, prepass_bytes=1024, seed=20),
-    Case("f16_prepass_gptj_dup", [(80, 80), (48, 2)], is_neox=False, dtype=F16, duplicate_block=True,
-         prepass=True, seed=17),
+    Case("f32_default_configs", [(150, 150), (90, 1), (70, 9)], group=2, prefill=None, decode=None,
+         seed=14),
+    Case("f16_default_configs_d128", [(130, 130), (66, 1)], group=4, head_size=128, dtype=F16,
+         prefill=None, decode=None, seed=15),
+    Case("f32_in_kernel_rotation", MIXED, group=2, is_neox=False, mode="in_kernel", seed=16),
+    Case("f16_in_kernel_dup_partial", [(80, 80), (48, 2), (33, 1), (64, 20)], rotary_dim=32,
+         dtype=F16, duplicate_block=True, mode="in_kernel", seed=17),
+    Case("f32_dense_mixed", DENSE, group=2, mode="dense", seed=18),
+    Case("f32_dense_plain", DENSE, group=4, kinds="plain", mode="dense", seed=19),
+    Case("f16_dense_gptj_dup", [(80, 80), (48, 2), (64, 30)], is_neox=False, dtype=F16,
+         duplicate_block=True, mode="dense", seed=20),
+    Case("f32_scaled_table", MIXED, group=2, table_scale=1.3, seed=21),
+    Case("f32_short_table_absolute", [(20, 20), (12, 1)], table_rows=24,
+         decode=AttentionConfig(16, 32, 4, 1, relative=True, num_splits=1), seed=22),
+    Case("f32_host_upper_bounds", DENSE, group=2, mode="dense", host_upper_bounds=40, seed=23),
 ]
-
-
-def run_case(case: Case) -> dict:
-    saved = {k: os.environ.get(k) for k in case.env}
-    os.environ.update(case.env)
-    try:
-        return _run_case(case)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _run_case(case: Case) -> dict:
     inputs = build(case)
-    max_query_len = inputs.pop("max_query_len")
     ref = paged_rope_attention_reference(**inputs)
     out = torch.full_like(inputs["query"], float("nan"))
-    if case.public_api:
-        paged_rope_attention(**inputs, output=out, max_query_len=max_query_len)
-    elif case.prepass:
-        k_rot, v_dense, table = rotate_kv_to_dense_pages(
-            inputs["key_cache"], inputs["value_cache"], inputs["block_table"], inputs["seq_lens"],
-            inputs["cos_sin"], inputs["rotary_dim"], inputs["is_neox"],
+    extra: dict = {"prefill": case.prefill, "decode": case.decode}
+    if case.mode == "dense":
+        extra["paged_attention"] = paged_causal_attention_reference
+    if case.mode == "in_kernel":
+        extra["scratch_budget_bytes"] = 0
+    if case.host_upper_bounds:
+        qsl = inputs["query_start_loc"].tolist()
+        lengths = [n + case.host_upper_bounds for n in inputs["seq_lens"].tolist()]
+        key_cache = inputs["key_cache"]
+        extra["plan"] = plan_step(
+            [b - a for a, b in zip(qsl, qsl[1:])], lengths, inputs["query_start_loc"], inputs["seq_lens"],
+            max_seq_len=max(lengths), block_size=case.block_size, group=case.group,
+            page_bytes=2 * key_cache[0].numel() * key_cache.element_size(), scratch_budget_bytes=1 << 30,
         )  # fmt: skip
-        # Window starts follow the original table's block kinds.
-        from minipic_kernels.block_kinds import window_starts_per_block
-
-        ws = window_starts_per_block(inputs["block_table"], inputs["block_kind"], case.block_size)
-        rest = {k: v for k, v in inputs.items() if k not in ("key_cache", "value_cache", "block_table")}
-        rest.update(rotary_dim=0)
-        paged_rope_attention(
-            **rest, key_cache=k_rot, value_cache=v_dense, block_table=table, output=out,
-            max_query_len=max_query_len, window_starts=ws,
-            prefill_config=case.prefill, decode_config=case.decode,
-        )  # fmt: skip
-    else:
-        paged_rope_attention(
-            **inputs,
-            output=out,
-            max_query_len=max_query_len,
-            prefill_config=case.prefill,
-            decode_config=case.decode,
-            prepass_max_bytes=case.prepass_bytes,
-        )
+    paged_rope_attention(**inputs, output=out, **extra)
     tol = 2e-2 if case.dtype == torch.float16 else 1e-3
     err = (out.float() - ref.float()).abs()
     max_err = float(err.nan_to_num(float("inf")).max())
@@ -204,7 +168,7 @@ def main(names: list[str]) -> None:
     chosen = [c for c in CASES if not names or c.name in names]
     for case in chosen:
         try:
-            result = run_case(case)
+            result = _run_case(case)
         except Exception as exc:  # report, keep going
             result = {"name": case.name, "ok": False, "max_err": None, "detail": repr(exc)}
         print(json.dumps(result), flush=True)

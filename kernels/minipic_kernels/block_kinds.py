@@ -48,3 +48,19 @@ def window_starts_per_block(
     return torch.where(is_span, latest_marker * block_size, torch.zeros_like(latest_marker)).to(
         torch.int32
     )
+
+
+def requests_with_windows(
+    window_starts: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """``(num_reqs,)`` bool: does any query row of the request have a window start above 0?
+
+    Rows with window start 0 attend causally to everything before them, which a stock
+    causal kernel computes; a request with no other rows needs no window support.
+    """
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    first = (seq_lens - q_lens) // block_size
+    last = (seq_lens - 1) // block_size
+    cols = torch.arange(window_starts.shape[1], device=window_starts.device)
+    in_range = (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
+    return ((window_starts > 0) & in_range).any(dim=1)

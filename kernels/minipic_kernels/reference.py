@@ -55,14 +55,12 @@ def paged_rope_attention_reference(
     scale: float,
     output: torch.Tensor | None = None,
     *,
-    max_query_len: int | None = None,
     window_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged, unrotated keys.
 
     ``window_starts`` (from `window_starts_per_block`) may be passed when the
-    caller already derived them for this step; ``max_query_len`` is the Triton
-    kernel's launch hint, accepted here so both share one signature. Returns ``output`` (allocated like
+    caller already derived them for this step. Returns ``output`` (allocated like
     ``query`` when not given) holding ``(num_tokens, num_q_heads, head_size)``
     results in ``query.dtype``.
     """
@@ -100,3 +98,42 @@ def paged_rope_attention_reference(
         probs = torch.softmax(scores, dim=-1)
         output[q_begin:q_end] = torch.matmul(probs, v).transpose(0, 1).to(output.dtype)
     return output
+
+
+def paged_causal_attention_reference(
+    query: torch.Tensor,
+    key_pages: torch.Tensor,
+    value_pages: torch.Tensor,
+    page_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_used: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """What a stock paged causal kernel computes over *rotated* keys (FlashAttention's
+    paged varlen call): `minipic_kernels.attention.PagedAttention`, for tests.
+
+    Requests with ``seq_used == 0`` are written with zeros, as FlashAttention does.
+    """
+    block_size, num_kv_heads = key_pages.shape[1], key_pages.shape[2]
+    group = query.shape[1] // num_kv_heads
+    starts = query_start_loc.tolist()
+    for r, seq_len in enumerate(seq_used.tolist()):
+        q_begin, q_end = starts[r], starts[r + 1]
+        if q_end == q_begin:
+            continue
+        if seq_len == 0:
+            out[q_begin:q_end] = 0
+            continue
+        pages = page_table[r, : -(-seq_len // block_size)].long()
+        keys = key_pages[pages].reshape(-1, num_kv_heads, key_pages.shape[-1])[:seq_len].float()
+        values = value_pages[pages].reshape(-1, num_kv_heads, value_pages.shape[-1])[:seq_len].float()
+        q_positions = torch.arange(seq_len - (q_end - q_begin), seq_len, device=query.device)
+        allowed = torch.arange(seq_len, device=query.device)[None, :] <= q_positions[:, None]
+        q = query[q_begin:q_end].float().transpose(0, 1)
+        k = keys.repeat_interleave(group, dim=1).transpose(0, 1)
+        v = values.repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = (torch.matmul(q, k.transpose(1, 2)) * scale).masked_fill(~allowed, float("-inf"))
+        out[q_begin:q_end] = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).to(out.dtype)

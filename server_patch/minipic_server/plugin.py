@@ -15,12 +15,13 @@ from minipic_server.patching import wrap_attribute
 
 
 def register() -> None:
-    from minipic_server import backend_selection, engine_hooks, position_free
+    from minipic_server import backend_selection, engine_hooks, position_free, warmup_hook
 
     _install_config_guards()
     engine_hooks.install()
     position_free.install()
     backend_selection.install()
+    warmup_hook.install()
 
 
 def _install_config_guards() -> None:

@@ -21,7 +21,7 @@ from vllm.forward_context import get_forward_context, is_forward_context_availab
 from vllm.model_executor.layers.attention.attention import Attention, get_attention_context
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-from minipic_kernels.block_kinds import BlockKind, window_starts_per_block
+from minipic_kernels.block_kinds import BlockKind, requests_with_windows, window_starts_per_block
 from minipic_server.backends.common import PicAttentionMetadata, RopeSpec
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_rope_class
@@ -136,8 +136,9 @@ class BlockKindRecorder:
         record = self._record_for(kv_cache.shape[0], kv_cache.device)
         self._write(record, input_ids, slot_mapping, metadata.block_size)
         windows = window_starts_per_block(metadata.block_table, record, metadata.block_size)
+        windowed = requests_with_windows(windows, metadata.query_start_loc, metadata.seq_lens, metadata.block_size)
         for md in _distinct_metadata(get_forward_context().attn_metadata):
-            md.block_kind, md.window_starts = record, windows
+            md.block_kind, md.window_starts, md.windowed = record, windows, windowed
 
     def _write(
         self, record: torch.Tensor, input_ids: torch.Tensor, slot_mapping: torch.Tensor, block_size: int

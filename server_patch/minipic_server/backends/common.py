@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from vllm.v1.attention.backend import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
 
+from minipic_kernels.attention import StepPlan
 from minipic_server.config import MiniPICConfigError
 
 
@@ -23,7 +23,8 @@ class RopeSpec:
 
 @dataclass
 class PicAttentionMetadata:
-    """Per-step metadata; ``block_kind``/``window_starts`` are filled by the step recorder."""
+    """Per-step metadata; ``block_kind``/``window_starts``/``windowed`` are filled by the
+    step recorder; ``plan`` by builders whose kernels need one (CUDA)."""
 
     num_actual_tokens: int
     max_query_len: int
@@ -33,8 +34,10 @@ class PicAttentionMetadata:
     seq_lens: torch.Tensor
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
+    plan: StepPlan | None = None
     block_kind: torch.Tensor | None = None
     window_starts: torch.Tensor | None = None
+    windowed: torch.Tensor | None = None
 
 
 class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
@@ -122,17 +125,31 @@ class PositionFreeBackend:
 
 
 class PositionFreeAttention:
-    """The forward pass both backends share; each names its kernel in `attend`.
+    """The forward pass both backends share; each computes attention in `attend`.
 
     ``pic_rope`` is linked after loading (`position_free.make_position_free`);
     `PicAttentionMetadata.block_kind`/``window_starts`` are filled each step.
     """
 
-    attend: Callable[..., torch.Tensor]
     num_heads: int
     head_size: int
     scale: float
     pic_rope: RopeSpec | None = None
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: PicAttentionMetadata,
+        rope: RopeSpec,
+        output: torch.Tensor,
+    ) -> None:
+        """Attention of ``query`` ``(tokens, heads, head_size)`` into ``output`` (same shape)."""
+        raise NotImplementedError
+
+    def profile(self, query: torch.Tensor) -> None:
+        """A memory-profiling step (no metadata): allocate what a real step can use at most."""
 
     def forward(
         self,
@@ -149,6 +166,7 @@ class PositionFreeAttention:
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("MiniPIC attention does not fuse output quantization")
         if attn_metadata is None:  # profiling and warm-up runs
+            self.profile(query)
             return output.fill_(0)
         if self.pic_rope is None:
             raise MiniPICConfigError(
@@ -157,20 +175,12 @@ class PositionFreeAttention:
             )
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = split_kv_cache(kv_cache)
-        type(self).attend(
+        self.attend(
             query[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
             key_cache,
             value_cache,
-            attn_metadata.block_table,
-            attn_metadata.query_start_loc,
-            attn_metadata.seq_lens,
-            attn_metadata.block_kind,
-            self.pic_rope.cos_sin,
-            self.pic_rope.rotary_dim,
-            self.pic_rope.is_neox,
-            self.scale,
+            attn_metadata,
+            self.pic_rope,
             output[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
-            max_query_len=attn_metadata.max_query_len,
-            window_starts=attn_metadata.window_starts,
         )
         return output

@@ -21,6 +21,7 @@ from minipic_server.backends.common import (
     PicMetadataBuilder,
     PositionFreeAttention,
     PositionFreeBackend,
+    RopeSpec,
     refuse_unsupported_features,
     split_kv_cache,
 )
@@ -43,7 +44,20 @@ class PicCpuAttentionBackend(PositionFreeBackend, CPUAttentionBackend):
 
 
 class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetadata]):
-    attend = staticmethod(paged_rope_attention_reference)
+    def attend(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: PicAttentionMetadata,
+        rope: RopeSpec,
+        output: torch.Tensor,
+    ) -> None:
+        paged_rope_attention_reference(
+            query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
+            metadata.seq_lens, metadata.block_kind, rope.cos_sin, rope.rotary_dim, rope.is_neox,
+            self.scale, output, window_starts=metadata.window_starts,
+        )  # fmt: skip
 
     def __init__(
         self,

@@ -1,37 +1,79 @@
-"""CUDA attention backend: MiniPIC's Triton kernel over vLLM's Triton KV-cache layout.
+"""CUDA attention backend: vLLM's Triton KV-cache layout, MiniPIC's attention.
 
-The cache layout, its allocation and the KV write (keys arrive unrotated, so
-vLLM's own write is exactly right) come from vLLM's TRITON_ATTN backend; only
-the attention itself is ours: it rotates key tiles by their index in the
-request and applies span windows.
+The cache layout, its allocation and the KV write (keys arrive unrotated, so vLLM's own
+write is exactly right) come from vLLM's TRITON_ATTN backend. Attention is
+`minipic_kernels.attention.paged_rope_attention`: decode rows by MiniPIC's Triton kernel
+(rotating keys as it reads them), window-free prefill by vLLM's FlashAttention over keys
+rotated once into scratch pages, prefill with span windows by MiniPIC's tile kernel.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-from vllm.v1.attention.backend import AttentionCGSupport
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
-from minipic_kernels.triton_attention import paged_rope_attention
+from minipic_kernels.attention import PagedAttention, paged_rope_attention, plan_step
 from minipic_server.backends.common import (
+    PicAttentionMetadata,
     PicMetadataBuilder,
     PositionFreeAttention,
     PositionFreeBackend,
+    RopeSpec,
     refuse_unsupported_features,
 )
 
+# Scratch for the rotated keys and values of one step's prefill requests (both counted in
+# vLLM's memory profiling: `PicTritonAttentionImpl.profile` allocates it). A step needing
+# more rotates keys inside the tile kernel instead (slower, same result).
+SCRATCH_BUDGET_BYTES = int(os.environ.get("MINIPIC_ATTN_SCRATCH_BYTES", str(1 << 30)))
+# Decode batches run in FULL CUDA graphs unless MINIPIC_FULL_CUDA_GRAPHS=0.
+FULL_CUDA_GRAPHS = os.environ.get("MINIPIC_FULL_CUDA_GRAPHS", "1") == "1"
+
 
 class PicCudaMetadataBuilder(PicMetadataBuilder):
-    # Decode batches can be captured whole: the per-step record and window
-    # derivation are graph-safe tensor ops. MINIPIC_FULL_CUDA_GRAPHS=0 keeps
-    # attention out of graphs (piecewise graphs still cover the rest).
+    """Adds the step's `StepPlan` (host-side scratch sizes) to the metadata.
+
+    Decode batches can be captured whole: the per-step block record and window
+    derivation are graph-safe tensor ops.
+    """
+
     _cudagraph_support: ClassVar[AttentionCGSupport] = (
-        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
-        if os.environ.get("MINIPIC_FULL_CUDA_GRAPHS", "1") == "1"
-        else AttentionCGSupport.NEVER
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if FULL_CUDA_GRAPHS else AttentionCGSupport.NEVER
     )
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
+        self.group = num_heads // kv_cache_spec.num_kv_heads
+        self.page_bytes = kv_cache_spec.page_size_bytes
+
+    def build(
+        self,
+        common_prefix_len: int,
+        common_attn_metadata: CommonAttentionMetadata,
+        fast_build: bool = False,
+    ) -> PicAttentionMetadata:
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        m = common_attn_metadata
+        starts = m.query_start_loc_cpu[: m.num_reqs + 1].tolist()
+        upper = m.seq_lens_cpu_upper_bound
+        metadata.plan = plan_step(
+            [b - a for a, b in zip(starts, starts[1:])],
+            upper[: m.num_reqs].tolist() if upper is not None else None,
+            m.query_start_loc,
+            m.seq_lens,
+            max_seq_len=m.max_seq_len,
+            block_size=self.block_size,
+            group=self.group,
+            page_bytes=self.page_bytes,
+            scratch_budget_bytes=SCRATCH_BUDGET_BYTES,
+        )
+        return metadata
 
 
 class PicTritonAttentionBackend(PositionFreeBackend, TritonAttentionBackend):
@@ -49,16 +91,82 @@ class PicTritonAttentionBackend(PositionFreeBackend, TritonAttentionBackend):
 
 
 class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
-    """vLLM's Triton impl (cache layout, KV write) with MiniPIC's attention kernel."""
-
-    attend = staticmethod(paged_rope_attention)
+    """vLLM's Triton impl (cache layout, KV write) with MiniPIC's attention."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         refuse_unsupported_features(**dict(zip(_IMPL_ARG_NAMES, args)), **kwargs)
         super().__init__(*args, **kwargs)
+        self.paged_attention: PagedAttention | None = None
+        self._paged_attention_for: torch.dtype | None = None
 
     def fused_rope_kvcache_supported(self) -> bool:
         return False  # the key must reach the cache unrotated
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: PicAttentionMetadata,
+        rope: RopeSpec,
+        output: torch.Tensor,
+    ) -> None:
+        self.ensure_paged_attention(query.dtype)
+        paged_rope_attention(
+            query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
+            metadata.seq_lens, metadata.block_kind, rope.cos_sin, rope.rotary_dim, rope.is_neox,
+            self.scale, output, plan=metadata.plan, window_starts=metadata.window_starts,
+            windowed=metadata.windowed, paged_attention=self.paged_attention,
+        )  # fmt: skip
+
+    def ensure_paged_attention(self, dtype: torch.dtype) -> None:
+        """Pick the stock kernel for window-free prefill once the model dtype is known."""
+        if self._paged_attention_for != dtype:
+            self.paged_attention = flash_attention_for(dtype, self.head_size)
+            self._paged_attention_for = dtype
+
+    def profile(self, query: torch.Tensor) -> None:
+        if query.is_cuda and not torch.cuda.is_current_stream_capturing():
+            torch.empty(SCRATCH_BUDGET_BYTES, dtype=torch.uint8, device=query.device)
+
+
+def flash_attention_for(dtype: torch.dtype, head_size: int) -> PagedAttention | None:
+    """vLLM's FlashAttention as a `PagedAttention`, or None where it cannot run this layer
+    (fp32, head sizes it lacks, platforms without it): the Triton tile kernel then does all."""
+    if dtype not in (torch.float16, torch.bfloat16) or head_size % 8 or head_size > 256:
+        return None
+    from vllm.v1.attention.backends.fa_utils import get_flash_attn_version, is_flash_attn_varlen_func_available
+
+    if not is_flash_attn_varlen_func_available():
+        return None
+    fa_version = get_flash_attn_version(head_size=head_size)
+    if fa_version is None:
+        return None
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    return _paged_flash_attention(flash_attn_varlen_func, fa_version)
+
+
+def _paged_flash_attention(flash_attn_varlen_func: Callable[..., Any], fa_version: int) -> PagedAttention:
+    def attend(
+        query: torch.Tensor,
+        key_pages: torch.Tensor,
+        value_pages: torch.Tensor,
+        page_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_used: torch.Tensor,
+        max_query_len: int,
+        max_seq_len: int,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        flash_attn_varlen_func(
+            q=query, k=key_pages, v=value_pages, out=out, cu_seqlens_q=query_start_loc,
+            max_seqlen_q=max_query_len, seqused_k=seq_used, max_seqlen_k=max_seq_len,
+            softmax_scale=scale, causal=True, block_table=page_table, fa_version=fa_version,
+        )  # fmt: skip
+
+    return attend
 
 
 # Positional order of vLLM's AttentionImpl constructor arguments.

@@ -1,0 +1,103 @@
+"""Compile every Triton kernel variant a layer shape can dispatch to, before serving.
+
+Triton compiles a kernel the first time it meets a new set of compile-time constants
+(and integer/pointer specialisations). `paged_rope_attention` picks among a fixed set of
+variants per layer shape: the decode launch with and without key splits (plus their
+merge), the rotation pre-pass, the tile launch over scratch pages (with per-request flags
+when a stock kernel takes the window-free requests, without otherwise), and the tile
+launch rotating keys itself when a step's scratch would exceed its budget. `warm_up`
+runs one small batch per variant, with tensors strided exactly like vLLM's, so serving
+never waits for a compiler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from minipic_kernels.attention import PagedAttention, paged_rope_attention
+from minipic_kernels.block_kinds import BlockKind
+from minipic_kernels.triton_attention import _num_sms, decode_query_limit
+
+__all__ = ["LayerShape", "warm_up"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerShape:
+    """What selects kernel variants: one entry per distinct attention layer of a model."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    dtype: torch.dtype
+    rotary_dim: int
+    is_neox: bool
+
+
+def warm_up(
+    shape: LayerShape,
+    cos_sin: torch.Tensor,
+    scale: float,
+    paged_attention: PagedAttention | None,
+    *,
+    table_width: int = 64,
+) -> None:
+    """Run every variant once on small random inputs (results are discarded).
+
+    ``table_width`` is the block-table width the server uses (its row stride is not
+    specialised on, so any width compiles the same kernels).
+    """
+    device = cos_sin.device
+    group = shape.num_q_heads // shape.num_kv_heads
+    limit = decode_query_limit(group)
+    # Enough decode requests to fill the GPU without key splits; one alone splits.
+    many = -(-_num_sms(device) // shape.num_kv_heads) + 1
+    batches = [
+        [(96, 96), (80, 64), (600, 1)],  # scratch + stock kernel + windowed tiles; split decode
+        [(50, 1)] * many,  # decode without splits
+    ]
+    for reqs in batches:
+        _run(shape, cos_sin, scale, paged_attention, reqs, 1 << 30, table_width)
+    # Over the scratch budget: the tile kernel rotates keys itself.
+    _run(shape, cos_sin, scale, paged_attention, [(64, 40), (30, limit)], 0, table_width)
+
+
+def _run(
+    shape: LayerShape,
+    cos_sin: torch.Tensor,
+    scale: float,
+    paged_attention: PagedAttention | None,
+    reqs: list[tuple[int, int]],
+    scratch_budget_bytes: int,
+    table_width: int,
+) -> None:
+    device, bs = cos_sin.device, shape.block_size
+    hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_size
+    blocks = [-(-seq // bs) for seq, _ in reqs]
+    num_blocks = sum(blocks) + 1
+    # vLLM's layout: one (blocks, kv heads, block size, 2 * head) tensor per layer, K and V
+    # side by side; the query is a slice of the fused qkv projection.
+    packed = torch.randn(num_blocks, hkv, bs, 2 * d, device=device).to(shape.dtype)
+    key_cache, value_cache = packed.transpose(1, 2).split(d, dim=-1)
+    table = torch.zeros(len(reqs), max(table_width, max(blocks)), dtype=torch.int32, device=device)
+    first = 1
+    for r, n in enumerate(blocks):
+        table[r, :n] = torch.arange(first, first + n, dtype=torch.int32)
+        first += n
+    kinds = torch.zeros(num_blocks, dtype=torch.int8, device=device)
+    kinds[2] = BlockKind.SSEP  # a window inside the first request
+    q_lens = torch.tensor([q for _, q in reqs], dtype=torch.int32)
+    qsl = torch.zeros(len(reqs) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(q_lens, 0)
+    num_tokens = int(qsl[-1])
+    qkv = torch.randn(num_tokens, (hq + 2 * hkv) * d, device=device).to(shape.dtype)
+    query = qkv[:, : hq * d].view(num_tokens, hq, d)
+    out = torch.empty(num_tokens, hq, d, device=device, dtype=shape.dtype)
+    paged_rope_attention(
+        query, key_cache, value_cache, table, qsl.to(device),
+        torch.tensor([s for s, _ in reqs], dtype=torch.int32, device=device), kinds, cos_sin,
+        shape.rotary_dim, shape.is_neox, scale, out, paged_attention=paged_attention,
+        scratch_budget_bytes=scratch_budget_bytes,
+    )  # fmt: skip
