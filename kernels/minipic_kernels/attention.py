@@ -79,8 +79,25 @@ class StepPlan:
     has_decode: bool
     has_prefill: bool
     page_start: torch.Tensor | None = None
+    page_table: torch.Tensor | None = None  # (num_reqs, max_pages) scratch page ids
     num_pages: int = 0
     max_pages: int = 0
+    # Set by `routed` once per step: keys per request for the stock kernel (0: not its
+    # request) and the tile kernel's per-request flags.
+    dense_seq_used: torch.Tensor | None = None
+    tile_flags: torch.Tensor | None = None
+
+    def routed(self, windowed: torch.Tensor, seq_lens: torch.Tensor) -> StepPlan:
+        """Split the prefill requests between the stock kernel (no windows) and the tile
+        kernel (windows), given `requests_with_windows` for this step."""
+        if self.page_start is None:
+            return self
+        has_pages = self.page_start >= 0
+        return dataclasses.replace(
+            self,
+            dense_seq_used=torch.where(has_pages & ~windowed, seq_lens, 0).to(torch.int32),
+            tile_flags=(has_pages & windowed).to(torch.int8),
+        )
 
 
 def plan_step(
@@ -119,9 +136,13 @@ def plan_step(
     device_q_lens = query_start_loc[1:] - query_start_loc[:-1]
     prefill = device_q_lens > limit
     device_pages = torch.where(prefill, (seq_lens_device + block_size - 1) // block_size, 0)
-    page_start = torch.where(prefill, torch.cumsum(device_pages, 0) - device_pages, -1)
+    page_start = torch.where(prefill, torch.cumsum(device_pages, 0) - device_pages, -1).to(torch.int32)
     return dataclasses.replace(
-        plan, page_start=page_start.to(torch.int32), num_pages=sum(pages), max_pages=max(pages)
+        plan,
+        page_start=page_start,
+        page_table=page_table(page_start, max(pages)),
+        num_pages=sum(pages),
+        max_pages=max(pages),
     )
 
 
@@ -206,22 +227,19 @@ def _prefill(
         work.key_cache, work.value_cache, work.block_table, work.seq_lens, plan.page_start,
         work.cos_sin, work.rotary_dim, work.is_neox, num_pages=plan.num_pages, max_pages=plan.max_pages,
     )  # fmt: skip
-    pages = page_table(plan.page_start, plan.max_pages)
     scratch = dataclasses.replace(
-        work, key_cache=key_pages, value_cache=value_pages, block_table=pages, rotary_dim=0
+        work, key_cache=key_pages, value_cache=value_pages, block_table=plan.page_table, rotary_dim=0
     )
-    tile_flags = None
     if paged_attention is not None:
-        if windowed is None:
-            windowed = requests_with_windows(
-                work.window_starts, work.query_start_loc, work.seq_lens, work.key_cache.shape[1]
-            )
-        has_pages = plan.page_start >= 0
-        seq_used = torch.where(has_pages & ~windowed, work.seq_lens, 0).to(torch.int32)
+        if plan.dense_seq_used is None:
+            if windowed is None:
+                windowed = requests_with_windows(
+                    work.window_starts, work.query_start_loc, work.seq_lens, work.key_cache.shape[1]
+                )
+            plan = plan.routed(windowed, work.seq_lens)
         paged_attention(
-            work.query, key_pages, value_pages, pages, work.query_start_loc, seq_used,
+            work.query, key_pages, value_pages, plan.page_table, work.query_start_loc, plan.dense_seq_used,
             plan.max_query_len, plan.max_seq_len, work.scale, output,
         )  # fmt: skip
-        tile_flags = (has_pages & windowed).to(torch.int8)
     launch(scratch, output, cfg, decode=False, num_tokens=num_tokens, max_query_len=plan.max_query_len,
-           req_flags=tile_flags)  # fmt: skip
+           req_flags=plan.tile_flags if paged_attention is not None else None)  # fmt: skip

@@ -158,7 +158,10 @@ async def _batch(
     from minipic_client.errors import MiniPICError
 
     columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    async with SpanClient(server, tokenizer=tokenizer, max_in_flight=max_in_flight) as client:
+    async with SpanClient(
+        server, tokenizer=tokenizer, max_in_flight=max_in_flight,
+        allow_stock_server=strategy is Strategy.BASELINE,
+    ) as client:
         with Progress(*columns, console=console) as progress:
             bar = progress.add_task(strategy.value, total=len(todo))
 

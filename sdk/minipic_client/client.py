@@ -19,6 +19,7 @@ from minipic_client.errors import (
     MiniPICError,
     PromptError,
     PromptTooLongError,
+    RequestError,
     ServerError,
     TransportError,
 )
@@ -159,6 +160,9 @@ class SpanClient:
         transport: an httpx transport (``httpx.MockTransport`` in tests).
         on_request: called with a `RequestEvent` after every request.
         info_check_interval_s: least time between two restart checks.
+        allow_stock_server: accept a server without ``/minipic/info`` (stock vLLM, for
+            comparisons): only ``Strategy.BASELINE`` (plain prompts) works there, and
+            `tokenizer` and `max_in_flight` must be given.
     """
 
     def __init__(
@@ -172,6 +176,7 @@ class SpanClient:
         transport: httpx.AsyncBaseTransport | None = None,
         on_request: Callable[[RequestEvent], None] | None = None,
         info_check_interval_s: float = 1.0,
+        allow_stock_server: bool = False,
     ) -> None:
         # Requests are bounded by max_in_flight, so the pool itself need not be.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -183,6 +188,7 @@ class SpanClient:
         self._max_in_flight = max_in_flight
         self._on_request = on_request
         self._info_check_interval_s = info_check_interval_s
+        self._allow_stock_server = allow_stock_server
         self._info_checked_at = float("-inf")
         self._modules: dict[str, str] = {}
         self._session: _Session | None = None
@@ -200,13 +206,13 @@ class SpanClient:
 
     async def connect(self) -> ServerInfo:
         """Read the server's info and load the tokenizer."""
-        info = await self._fetch_info()
+        info = await self._fetch_info_or_stock()
         tokenizer = self._tokenizer_arg
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = await asyncio.to_thread(
                 _load_tokenizer, os.fspath(tokenizer or info.tokenizer)
             )
-        if max(info.marker_ids) >= len(tokenizer):
+        if info.marker_ids and max(info.marker_ids) >= len(tokenizer):
             raise ConfigError(
                 f"marker ids {sorted(info.marker_ids)} are outside the tokenizer's "
                 f"{len(tokenizer)} tokens: is it the server's tokenizer?"
@@ -261,6 +267,11 @@ class SpanClient:
     ) -> PromptLayout:
         """Token layout of a part-built prompt; raises `PromptTooLongError` before sending."""
         session = self._live
+        if strategy.pic and not session.info.pic:
+            raise ConfigError(
+                f"{self._http.base_url} is a stock vLLM server: only strategy=baseline "
+                "(plain prompts) works there"
+            )
         max_model_len = session.info.max_model_len
         layout = session.builder.build(
             parts, pic=strategy.pic, add_special_tokens=add_special_tokens
@@ -425,6 +436,33 @@ class SpanClient:
 
     async def _fetch_info(self) -> ServerInfo:
         return ServerInfo.from_json(await self._conn.get_json("/minipic/info"))
+
+    async def _fetch_info_or_stock(self) -> ServerInfo:
+        try:
+            return await self._fetch_info()
+        except RequestError as exc:
+            if exc.status_code != 404 or not self._allow_stock_server:
+                raise
+        if self._tokenizer_arg is None or self._max_in_flight is None:
+            raise ConfigError(
+                f"{self._http.base_url} is a stock vLLM server (no /minipic/info): "
+                "pass tokenizer= and max_in_flight= to send it plain prompts"
+            )
+        models = (await self._conn.get_json("/v1/models")).get("data") or []
+        if not models:
+            raise ConfigError(f"{self._http.base_url}/v1/models lists no model")
+        logger.warning("%s is a stock vLLM server: plain prompts only", self._http.base_url)
+        tokenizer = self._tokenizer_arg
+        return ServerInfo.stock(
+            model=models[0]["id"],
+            max_model_len=int(models[0].get("max_model_len") or 1 << 30),
+            tokenizer=(
+                os.fspath(tokenizer)
+                if isinstance(tokenizer, (str, os.PathLike))
+                else str(getattr(tokenizer, "name_or_path", ""))
+            ),
+            max_num_seqs=self._max_in_flight,
+        )
 
 
 def _load_tokenizer(name: str) -> PreTrainedTokenizerBase:

