@@ -274,9 +274,9 @@ def profiled(process: subprocess.Popen, path: Path, seconds: int, enabled: bool)
     spy = None
     if enabled:
         spy = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", "50",
+            ["py-spy", "record", "--pid", str(process.pid), "--subprocesses", "--rate", "100",
              "--duration", str(seconds), "--format", "raw", "--output", str(path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            stdout=path.with_suffix(".log").open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         time.sleep(1.0)
     try:
@@ -307,7 +307,10 @@ async def measure_server(server: Server, args, requests_by_tokens, docs_1k, docs
     with running(server, args) as (url, process, log):
         ready_at = len(log.read_text(errors="replace").splitlines())
         if "small" in args.parts:
-            result["small_requests"].append({"server": server.name, **await small_requests(url, args.vocab)})
+            path = args.out.parent / f"{args.out.stem}-{server.name}-small-pyspy.txt"
+            with profiled(process, path, args.profile_seconds, args.profile):
+                row = await small_requests(url, args.vocab, n=args.small_requests)
+            result["small_requests"].append({"server": server.name, **row})
         if "table1" in args.parts:
             for name, strategy in ROWS[server.name]:
                 for max_tokens, requests in requests_by_tokens.items():
@@ -386,6 +389,7 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--profile", action="store_true", help="py-spy the ISPS run of each minipic server")
     parser.add_argument("--profile-seconds", type=int, default=20)
+    parser.add_argument("--small-requests", type=int, default=600)
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra argument for every server, e.g. --server-arg=--load-format=dummy")  # fmt: skip
     args = parser.parse_args()
