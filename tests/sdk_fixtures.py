@@ -65,7 +65,8 @@ class FakeServer:
         }
         self.delay_s = delay_s
         self.faults: deque[str] = deque()
-        self.requests: list[Recorded] = []
+        self.requests: list[Recorded] = []  # one per prompt
+        self.http_requests = 0  # completions requests (each may carry several prompts)
         self._clock = itertools.count()  # orders arrivals and completions
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -86,28 +87,33 @@ class FakeServer:
         if request.url.path == "/minipic/info":
             return httpx.Response(200, json=self.info)
         body = json.loads(request.content)
-        record = self._record(body)
-        self.in_flight += 1
+        self.http_requests += 1
+        records = self._record(body)
+        self.in_flight += len(records)
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             await asyncio.sleep(self.delay_s)
-            return self._answer(record, self.faults.popleft() if self.faults else None)
+            return self._answer(records, body, self.faults.popleft() if self.faults else None)
         finally:
-            self.in_flight -= 1
+            self.in_flight -= len(records)
 
-    def _record(self, body: dict[str, Any]) -> Recorded:
-        prompt = list(body["prompt"])
-        if body.get("stream"):
-            kind = "final"
-        elif body.get("max_tokens") == 1:
-            kind = "span" if prompt[0] == self.ssep else "prefix"
-        else:
-            kind = "other"
-        record = Recorded(kind, prompt, body, next(self._clock))
-        self.requests.append(record)
-        return record
+    def _record(self, body: dict[str, Any]) -> list[Recorded]:
+        """One record per prompt (a completions request may carry a list of prompts)."""
+        prompts = body["prompt"]
+        prompts = prompts if prompts and isinstance(prompts[0], list) else [prompts]
+        records = []
+        for prompt in prompts:
+            if body.get("stream"):
+                kind = "final"
+            elif body.get("max_tokens") == 1:
+                kind = "span" if prompt[0] == self.ssep else "prefix"
+            else:
+                kind = "other"
+            records.append(Recorded(kind, list(prompt), body, next(self._clock)))
+        self.requests.extend(records)
+        return records
 
-    def _answer(self, record: Recorded, fault: str | None) -> httpx.Response:
+    def _answer(self, records: list[Recorded], body: dict[str, Any], fault: str | None) -> httpx.Response:
         if fault == "drop":
             raise httpx.ConnectError("connection refused (injected)")
         if fault in ("503", "429", "400"):
@@ -116,19 +122,21 @@ class FakeServer:
                 int(fault), json={"error": {"message": message, "code": int(fault)}}
             )
         usage = {
-            "prompt_tokens": len(record.prompt),
-            "completion_tokens": record.body["max_tokens"],
-            "prompt_tokens_details": {"cached_tokens": self._lookup_and_insert(record.prompt)},
+            "prompt_tokens": sum(len(r.prompt) for r in records),
+            "completion_tokens": body["max_tokens"] * len(records),
+            "prompt_tokens_details": {
+                "cached_tokens": sum(self._lookup_and_insert(r.prompt) for r in records)
+            },
         }
-        record.completed = next(self._clock)
-        tokens = [100 + i for i in range(record.body["max_tokens"])]
-        if not record.body.get("stream"):
-            choice = {
-                "index": 0,
-                "text": "".join(f"t{t} " for t in tokens),
-                "finish_reason": "length",
-            }
-            return httpx.Response(200, json={"choices": [choice], "usage": usage})
+        for record in records:
+            record.completed = next(self._clock)
+        tokens = [100 + i for i in range(body["max_tokens"])]
+        if not body.get("stream"):
+            choices = [
+                {"index": i, "text": "".join(f"t{t} " for t in tokens), "finish_reason": "length"}
+                for i in range(len(records))
+            ]
+            return httpx.Response(200, json={"choices": choices, "usage": usage})
         events = [
             {"choices": [{"index": 0, "text": f"t{t} ", "token_ids": [t], "finish_reason": None}]}
             for t in tokens

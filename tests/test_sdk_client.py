@@ -67,7 +67,8 @@ async def test_concurrent_calls_share_one_prefill_per_document(fake_server, fake
         )
     assert len(fake_server.of_kind("span")) == 5
     assert len(fake_server.of_kind("prefix")) == 1
-    assert [e.kind for e in events].count("span") == 5
+    # One prefill per document and one for the system prefix, several per request.
+    assert sum(e.prompts for e in events if e.kind != "final") == 6
     assert [e.kind for e in events].count("final") == 50
     assert all(r.cached_tokens and r.cached_tokens >= r.prompt_tokens - 16 for r in results)
     assert fake_server.peak_in_flight <= fake_server.info["max_num_seqs"]
@@ -230,3 +231,21 @@ async def test_generate_sends_part_built_prompts(fake_server, fake_client, sdk_t
     assert final.prompt == layout.token_ids and final.prompt[0] == sdk_tokenizer.bos_token_id
     assert [r.kind for r in fake_server.requests] == ["prefix", "span", "span", "final"]
     assert result.cached_tokens == layout.cacheable_tokens
+
+
+async def test_a_calls_prefills_travel_in_one_request(fake_server, fake_client):
+    async with fake_client() as client:
+        await client.rag(system=SYSTEM, docs=DOCS[:3], task="q", max_tokens=1)
+    assert [r.kind for r in fake_server.requests] == ["prefix", "span", "span", "span", "final"]
+    assert fake_server.http_requests == 2
+
+
+async def test_prefill_requests_hold_a_slot_per_prompt(fake_server, fake_client):
+    # 20 documents and a prefix under max_num_seqs 8: requests of at most 8 prompts, and
+    # never more than 8 prompts in flight at the server.
+    docs = [f"Document number {i} is about the river.\n" for i in range(20)]
+    async with fake_client() as client:
+        await client.rag(system=SYSTEM, docs=docs, task="q", max_tokens=1)
+    assert len(fake_server.of_kind("span")) == 20
+    assert fake_server.http_requests == 3 + 1
+    assert fake_server.peak_in_flight <= fake_server.info["max_num_seqs"]

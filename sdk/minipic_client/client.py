@@ -178,10 +178,8 @@ class SpanClient:
         info_check_interval_s: float = 1.0,
         allow_stock_server: bool = False,
     ) -> None:
-        # Requests are bounded by max_in_flight, so the pool itself need not be.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         self._http = httpx.AsyncClient(
-            base_url=base_url, transport=transport, timeout=timeout, limits=limits
+            base_url=base_url, transport=transport or pooled_transport(), timeout=timeout
         )
         self._conn = Connection(self._http, retry)
         self._tokenizer_arg = tokenizer
@@ -463,6 +461,21 @@ class SpanClient:
             ),
             max_num_seqs=self._max_in_flight,
         )
+
+
+def pooled_transport() -> httpx.AsyncBaseTransport:
+    """httpx over aiohttp's connection pool.
+
+    httpcore's own pool re-scans every connection for every request it assigns: with a
+    few hundred requests in flight that cost the client ~13 ms per request on an H200
+    host and starved the server (docs/benchmarks.md has the profile). aiohttp's pool
+    does not. Requests are bounded by the scheduler's slots, so the pool is not; idle
+    connections are dropped before vLLM's 5 s keep-alive would close them under a
+    request.
+    """
+    from httpx_aiohttp import AiohttpTransport
+
+    return AiohttpTransport(limits=httpx.Limits(max_connections=0, keepalive_expiry=2.0))
 
 
 def _load_tokenizer(name: str) -> PreTrainedTokenizerBase:
