@@ -197,7 +197,7 @@ async def figure2(url: str, server: Server, docs_1k: list[str], args) -> list[di
     events: list[RequestEvent] = []
     async with connect(url, server, args, events) as client, httpx.AsyncClient(base_url=url, timeout=600) as http:
         model = client.info.model
-        for k in (1, 2, 4, 8, 16, 32):
+        for k in args.figure2_docs:
             for rep in range(args.figure2_reps + 1):  # the first repetition warms up
                 docs = random.Random(k * 100 + rep).sample(docs_1k, k)
                 request = RagRequest(task="Which document mentions a river?", docs=docs, system=SYSTEM, max_tokens=1)
@@ -348,8 +348,8 @@ async def main_async(args: argparse.Namespace) -> int:
         mt: [RagRequest(task=q, docs=[texts[i] for i in s], system=SYSTEM, max_tokens=mt) for s, q in samples]
         for mt in args.max_tokens
     }
-    docs_1k = passages_as_docs(passages, tokenizer, 1000, 160)
-    docs_4k = passages_as_docs(passages[3000:], tokenizer, 4096, 8)
+    docs_1k = passages_as_docs(passages, tokenizer, 1000, 5 * max(args.figure2_docs))
+    docs_4k = passages_as_docs(passages[3000:], tokenizer, args.long_doc_tokens, 8)
     result: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(sys.argv),
@@ -386,6 +386,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--figure2-reps", type=int, default=3)
+    parser.add_argument("--figure2-docs", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--long-doc-tokens", type=int, default=4096)
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--profile", action="store_true", help="py-spy the ISPS run of each minipic server")
     parser.add_argument("--profile-seconds", type=int, default=20)

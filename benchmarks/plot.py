@@ -1,0 +1,130 @@
+"""Draw the PNGs in docs/ from the JSON results under benchmarks/results/.
+
+    python benchmarks/plot.py            # every figure whose JSON exists
+
+Each figure is drawn only from its JSON file, so a figure always shows a measured run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+
+
+def served_table1(data: dict, out: Path) -> None:
+    rows = data["table1"]
+    names = list(dict.fromkeys(r["row"] for r in rows))
+    tokens = sorted({r["max_tokens"] for r in rows})
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(tokens)
+    for j, mt in enumerate(tokens):
+        values = [next((r["samples_per_s"] for r in rows if r["row"] == n and r["max_tokens"] == mt), 0) for n in names]
+        bars = ax.bar([i + j * width for i in range(len(names))], values, width, label=f"max_tokens {mt}")
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.axhline(data["unique_token_ceiling_samples_per_s"], color="grey", ls="--", lw=1, label="unique-token ceiling")
+    ax.set_xticks([i + width * (len(tokens) - 1) / 2 for i in range(len(names))], names, rotation=20, ha="right",
+                  fontsize=8)  # fmt: skip
+    ax.set_ylabel("samples / s")
+    ax.set_title(f"2Wiki-like RAG through the served path ({data.get('device', '')}, {data['date'][:10]})", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def served_figure2(data: dict, out: Path) -> None:
+    rows = data["figure2"]
+
+    def median_by_k(key: str) -> tuple[list[int], list[float]]:
+        ks = sorted({r["k"] for r in rows if key in r})
+        values = []
+        for k in ks:
+            xs = sorted(r[key] for r in rows if r["k"] == k and key in r)
+            values.append(xs[len(xs) // 2])
+        return ks, values
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label, style in (
+        ("stock_uncached_ttft_s", "stock FA3, uncached", "o-"),
+        ("pic_spans_computed_ttft_s", "MiniPIC, spans computed in the prompt", "s-"),
+        ("preload_s", "MiniPIC, preloading the k documents", "^--"),
+        ("pic_cached_ttft_s", "MiniPIC, k documents cached", "D-"),
+    ):
+        ks, values = median_by_k(key)
+        if ks:
+            ax.plot(ks, values, style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("documents of ~1,000 tokens (k)")
+    ax.set_ylabel("seconds (median)")
+    ax.set_title("Time to first token of one request", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def attention(data: dict, out: Path) -> None:
+    rows = data["times"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    bars = ax.bar([r["case"] for r in rows], [r["ratio"] for r in rows], color="tab:blue")
+    ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(1.10, color="tab:red", ls="--", lw=1, label="target 1.10x")
+    ax.set_ylabel("MiniPIC time / FA3 time")
+    ax.set_title(f"Attention on {data['device']} (bf16, Llama-3-8B shape), {data['date']}", fontsize=10)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def client_concurrency(data: dict, out: Path) -> None:
+    rows = data["rows"]
+    xs = [r["in_flight"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(xs, [r["ideal_requests_per_s"] for r in rows], "k--", label="ideal (in flight / latency)")
+    ax.plot(xs, [r["httpx_default_pool"] for r in rows], "o-", label="httpx, default pool (httpcore)")
+    ax.plot(xs, [r["sdk_pooled_transport"] for r in rows], "s-", label="SDK: httpx over aiohttp's pool")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("requests / s")
+    ax.set_title(f"One client, server latency {data['latency_ms']:.0f} ms ({data['cpus']} CPUs)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+FIGURES = (
+    ("served-h200.json", "served-table1.png", served_table1),
+    ("served-h200.json", "served-figure2.png", served_figure2),
+    ("attention-h200.json", "attention-kernel.png", attention),
+    ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--docs", type=Path, default=DOCS)
+    args = parser.parse_args()
+    for source, target, draw in FIGURES:
+        path = args.results / source
+        if path.exists():
+            draw(json.loads(path.read_text()), args.docs / target)
+            print(f"{path} -> {args.docs / target}")
+
+
+if __name__ == "__main__":
+    main()
