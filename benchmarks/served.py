@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
 from minipic_client import SpanClient  # noqa: E402
-from minipic_client.client import RagRequest  # noqa: E402
+from minipic_client.client import RagRequest, pooled_transport  # noqa: E402
 from minipic_client.launch import free_port, stop, wait_until_ready  # noqa: E402
 from minipic_client.scheduler import RequestEvent, Strategy  # noqa: E402
 
@@ -195,7 +195,8 @@ async def figure2(url: str, server: Server, docs_1k: list[str], args) -> list[di
     """TTFT of one request against k documents of ~1,000 tokens: cached, computed, stock."""
     rows = []
     events: list[RequestEvent] = []
-    async with connect(url, server, args, events) as client, httpx.AsyncClient(base_url=url, timeout=600) as http:
+    http = httpx.AsyncClient(base_url=url, timeout=600, transport=pooled_transport())
+    async with connect(url, server, args, events) as client, http:
         model = client.info.model
         for k in args.figure2_docs:
             for rep in range(args.figure2_reps + 1):  # the first repetition warms up
@@ -239,12 +240,12 @@ async def long_spans(url: str, server: Server, docs_4k: list[str], args) -> dict
 
 
 async def small_requests(url: str, vocab: int, n: int = 600, in_flight: int = 256) -> dict:
-    """Random 128-token prompts, max_tokens 1, from a bare client: requests/s the server completes.
-    Ids come from the middle of the vocabulary (special tokens sit at its ends)."""
+    """Random 128-token prompts, max_tokens 1, from a bare client (httpx over the SDK's
+    transport): requests/s the server completes. Ids come from the middle of the vocabulary
+    (special tokens sit at its ends)."""
     rng = random.Random(3)
     prompts = [[rng.randrange(vocab // 4, vocab - 512) for _ in range(128)] for _ in range(n)]
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=600, transport=pooled_transport()) as http:
         model = (await http.get("/v1/models")).json()["data"][0]["id"]
         gate = asyncio.Semaphore(in_flight)
 

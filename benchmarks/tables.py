@@ -1,0 +1,99 @@
+"""Print the Markdown tables of docs/benchmarks.md from the JSON results.
+
+    python benchmarks/tables.py served benchmarks/results/served-h200.json
+    python benchmarks/tables.py attention benchmarks/results/attention-h200.json
+    python benchmarks/tables.py concurrency benchmarks/results/client-concurrency-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def served(data: dict) -> None:
+    rows = data["table1"]
+    print(_row("configuration", "max_tokens", "samples/s", "vs stock FA3", "final prompt tokens/s",
+               "computed prompt tokens/s", "requests", "cached (finals)", "of ceiling"))  # fmt: skip
+    print(_row(*["---"] * 9))
+    stock = {r["max_tokens"]: r["samples_per_s"] for r in rows if r["server"] == "stock-fa3"}
+    for r in sorted(rows, key=lambda r: (r["max_tokens"], ["stock-fa3", "stock-triton"].count(r["server"]) == 0)):
+        ratio = r["samples_per_s"] / stock[r["max_tokens"]] if r["max_tokens"] in stock else float("nan")
+        print(_row(r["row"], r["max_tokens"], f"{r['samples_per_s']:.1f}", f"**{ratio:.2f}x**",
+                   f"{r['final_prompt_tokens_per_s']:,.0f}", f"{r['computed_prompt_tokens_per_s']:,.0f}",
+                   r["requests"], f"{r['final_cached_fraction']:.1%}",
+                   f"{r['fraction_of_unique_token_ceiling']:.0%}"))  # fmt: skip
+    print()
+    by_k: dict[int, dict[str, list[float]]] = {}
+    for r in data["figure2"]:
+        for key, value in r.items():
+            if key.endswith("_s"):
+                by_k.setdefault(r["k"], {}).setdefault(key, []).append(value)
+    if by_k:
+        print(_row("k documents", "stock uncached TTFT (s)", "MiniPIC cached TTFT (s)", "speed-up",
+                   "preload k documents (s)", "MiniPIC spans computed in prompt (s)"))  # fmt: skip
+        print(_row(*["---"] * 6))
+        for k in sorted(by_k):
+            m = {key: statistics.median(v) for key, v in by_k[k].items()}
+            stock_s, cached = m.get("stock_uncached_ttft_s"), m.get("pic_cached_ttft_s")
+            speedup = f"{stock_s / cached:.0f}x" if stock_s and cached else "-"
+            print(_row(k, _fmt(stock_s), _fmt(cached), speedup, _fmt(m.get("preload_s")),
+                       _fmt(m.get("pic_spans_computed_ttft_s"))))  # fmt: skip
+        print()
+    for r in data["long_spans"]:
+        print(f"- long spans, {r['server']}: {r['samples_per_s']:.2f} samples/s, "
+              f"{r['final_cached_fraction']:.1%} of final prompt tokens cached")  # fmt: skip
+    for r in data["small_requests"]:
+        print(f"- small requests, {r['server']}: {r['requests_per_s']:.0f} requests/s "
+              f"({r['requests']} random 128-token prompts, {r['in_flight']} in flight)")  # fmt: skip
+    for r in data["jit"]:
+        print(f"- {r['server']}: {r['compilations_after_ready']} JIT-monitor warnings after the server was ready")
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def attention(data: dict) -> None:
+    print(_row("case", "MiniPIC (ms)", "FA3 (ms)", "MiniPIC / FA3", "tile kernel rotating in-kernel (ms)",
+               "CPU dispatch per call (µs)"))  # fmt: skip
+    print(_row(*["---"] * 6))
+    for r in data["times"]:
+        print(_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['fa3_ms']:.4f}", f"**{r['ratio']:.2f}**",
+                   f"{r['ours_in_kernel_ms']:.4f}", f"{r['ours_cpu_us']:.0f}"))  # fmt: skip
+    worst = max(data["correctness"], key=lambda r: r["rel_l2"])
+    print(f"\nCorrectness: {len(data['correctness'])} checks against the fp32 reference, worst rel. L2 "
+          f"{worst['rel_l2']:.1e} ({worst['case']}, {worst['path']}), NaN in none: "
+          f"{not any(r['nan'] for r in data['correctness'])}.")  # fmt: skip
+    jit = data.get("jit")
+    if jit:
+        print(f"JIT: warm-up {jit['warm_up_s']:.1f} s, then {jit['compilations_after_warm_up']} compilations over "
+              f"{jit['steps']} random steps.")  # fmt: skip
+
+
+def concurrency(data: dict) -> None:
+    print(_row("requests in flight", "ideal (req/s)", "httpx default pool (req/s)", "SDK transport (req/s)"))
+    print(_row(*["---"] * 4))
+    for r in data["rows"]:
+        print(_row(r["in_flight"], f"{r['ideal_requests_per_s']:,.0f}", f"{r['httpx_default_pool']:,.0f}",
+                   f"{r['sdk_pooled_transport']:,.0f}"))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=["served", "attention", "concurrency"])
+    parser.add_argument("path", type=Path)
+    args = parser.parse_args()
+    {"served": served, "attention": attention, "concurrency": concurrency}[args.kind](
+        json.loads(args.path.read_text())
+    )
+
+
+if __name__ == "__main__":
+    main()
