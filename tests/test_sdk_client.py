@@ -160,7 +160,26 @@ async def test_prompt_checks_fail_before_sending(fake_server, fake_client):
             await client.rag(docs=["fine", ""], task="q")
         with pytest.raises(PromptError, match="task"):
             await client.rag(docs=["fine"], task=" ")
+        with pytest.raises(InvalidDocumentError, match=r"document 0 has a lone surrogate '\\udcff' at character 2"):
+            await client.rag(docs=["ab\udcff"], task="q")
+        with pytest.raises(PromptError, match=r"text 'Why\\udc80\?' has a lone surrogate"):
+            await client.rag(docs=["fine"], task="Why\udc80?")
+        with pytest.raises(PromptError, match="cache_salt must be a non-empty string"):
+            await client.rag(docs=["fine"], task="q", cache_salt="")
     assert fake_server.requests == []
+    with pytest.raises(ConfigError, match="max_in_flight must be at least 1"):
+        fake_client(max_in_flight=0)
+
+
+async def test_cache_salts_go_with_every_request_and_keep_prefills_apart(fake_server, fake_client):
+    async with fake_client(cache_salt="tenant-a") as client:
+        await client.rag(system=SYSTEM, docs=DOCS[:2], task="q1", max_tokens=1)
+        await client.rag(system=SYSTEM, docs=DOCS[:2], task="q2", max_tokens=1)  # prefills reused
+        await client.rag(system=SYSTEM, docs=DOCS[:2], task="q3", max_tokens=1, cache_salt="tenant-b")
+    salts = sorted((r.body.get("cache_salt"), r.kind) for r in fake_server.requests)
+    a = [("tenant-a", "final")] * 2 + [("tenant-a", "prefix")] + [("tenant-a", "span")] * 2
+    b = [("tenant-b", "final"), ("tenant-b", "prefix")] + [("tenant-b", "span")] * 2
+    assert salts == a + b
 
 
 async def test_rag_stream_yields_deltas(fake_server, fake_client):

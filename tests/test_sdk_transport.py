@@ -6,9 +6,12 @@ import httpx
 import pytest
 
 from minipic_client import (
+    ConfigError,
+    MiniPICError,
     RequestError,
     RetryPolicy,
     ServerError,
+    SpanClient,
     StreamInterruptedError,
     TransportError,
 )
@@ -110,12 +113,31 @@ async def test_error_bodies_surface_the_servers_message(status, payload, error, 
     assert caught.value.status_code == status and caught.value.message == message
 
 
+SSE = {"content-type": "text/event-stream"}
+
+
 async def test_an_error_event_inside_a_stream_is_raised():
     body = b'data: {"error": {"message": "generation failed", "code": 400}}\n\ndata: [DONE]\n\n'
-    conn = connection(lambda request: httpx.Response(200, content=body))
+    conn = connection(lambda request: httpx.Response(200, headers=SSE, content=body))
     with pytest.raises(RequestError, match="generation failed"):
         async for _ in conn.stream("/v1/completions", {}):
             pass
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "message"),
+    [
+        ({"content-type": "text/html"}, b"<html>proxy</html>", "Content-Type to contain 'text/event-stream'"),
+        (SSE, b"data: {not json\n\n", "malformed stream event"),
+        (SSE | {"content-encoding": "gzip"}, b"not gzip", "unreadable answer"),
+    ],
+)
+async def test_an_unreadable_stream_is_a_server_error(headers, body, message):
+    conn = connection(lambda request: httpx.Response(200, headers=headers, content=body))
+    with pytest.raises(ServerError, match=message) as caught:
+        async for _ in conn.stream("/v1/completions", {}):
+            pass
+    assert caught.value.status_code == 502
 
 
 async def test_an_unreachable_server_raises_a_transport_error():
@@ -124,3 +146,56 @@ async def test_an_unreachable_server_raises_a_transport_error():
 
     with pytest.raises(TransportError, match="connection refused"):
         await connection(refuse).get_json("/minipic/info")
+
+
+async def test_a_stream_that_breaks_midway_is_asked_again_by_rag(fake_server, warm_client):
+    """rag hands nothing out before the end, so a broken stream (a restart) is simply re-sent."""
+    client = warm_client
+    fake_server.faults.extend(["break", "drop"])
+    result = await client.rag(docs=DOCS, task="q", max_tokens=3)
+    assert result.token_ids == [100, 101, 102] and result.text == "t100 t101 t102 "
+    assert len(fake_server.of_kind("final")) == 1 + 3
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("127.0.0.1:8000", "must start with http:// or https://"),
+        ("localhost:8000", "must start with http:// or https://"),
+        ("ftp://host", "must start with http:// or https://"),
+        ("http://", "name a host"),
+    ],
+)
+def test_a_url_that_is_not_a_server_url_is_named(url, message):
+    with pytest.raises(ConfigError, match=message):
+        SpanClient(url)
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
+async def test_an_openai_style_url_is_accepted(fake_server, sdk_tokenizer, suffix):
+    seen: list[str] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        return await fake_server.handle(request)
+
+    transport = httpx.MockTransport(handle)
+    async with SpanClient(f"http://fake{suffix}", transport=transport, tokenizer=sdk_tokenizer) as client:
+        await client.rag(task="q", max_tokens=1)
+    assert seen[0] == "/minipic/info" and set(seen[1:]) == {"/v1/completions"}
+
+
+async def test_a_stock_vllm_server_is_named_as_not_a_minipic_server():
+    transport = httpx.MockTransport(lambda request: httpx.Response(404, json={"detail": "Not Found"}))
+    with pytest.raises(ConfigError, match=r"http://stock:8000/ is not a MiniPIC server: .*404 \(Not Found\)"):
+        async with SpanClient("http://stock:8000", transport=transport, retry=FAST):
+            pass
+
+
+def test_every_error_the_sdk_raises_is_a_minipic_error():
+    """One exception tree: `except MiniPICError` catches everything the SDK raises."""
+    import minipic_client
+
+    public = [getattr(minipic_client, name) for name in minipic_client.__all__]
+    errors = [obj for obj in public if isinstance(obj, type) and issubclass(obj, BaseException)]
+    assert len(errors) >= 10 and all(issubclass(e, MiniPICError) for e in errors)

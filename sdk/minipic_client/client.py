@@ -21,6 +21,7 @@ from minipic_client.errors import (
     PromptTooLongError,
     RequestError,
     ServerError,
+    StreamInterruptedError,
     TransportError,
 )
 from minipic_client.prompt import (
@@ -38,7 +39,7 @@ from minipic_client.prompt import (
 )
 from minipic_client.scheduler import RequestEvent, Scheduler, Strategy
 from minipic_client.tokens import TokenCache
-from minipic_client.transport import Connection, RetryPolicy, Usage, usage_of
+from minipic_client.transport import Connection, RetryPolicy, Usage, root_url, usage_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,6 +63,7 @@ class RagRequest:
     raw: bool = False
     max_tokens: int = 64
     temperature: float = 0.0
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +84,14 @@ class _Job:
     layout: PromptLayout
     max_tokens: int
     temperature: float
+    cache_salt: str | None
+    prefills: tuple[Prefill, ...]
 
-    @property
-    def prefills(self) -> Sequence[Prefill]:
-        return self.layout.prefills
+    @classmethod
+    def of(cls, layout: PromptLayout, max_tokens: int, temperature: float, cache_salt: str | None) -> _Job:
+        """A job whose prefills carry its salt: salted blocks are cached apart, so they are sent apart."""
+        prefills = layout.prefills if cache_salt is None else tuple(p.salted(cache_salt) for p in layout.prefills)
+        return cls(layout, max_tokens, temperature, cache_salt, prefills)
 
 
 class _Completion:
@@ -150,8 +156,12 @@ class SpanClient:
     A restart that changes the model, tokenizer, block size or markers raises
     `ConfigError`: prompts built for the old server would be wrong.
 
+    Tenants: `cache_salt` (per client, or per call) is sent with every request;
+    vLLM shares cached blocks only between requests with the same salt.
+
     Args:
-        base_url: the server, e.g. ``http://127.0.0.1:8000``.
+        base_url: the server, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1``
+            is dropped).
         tokenizer: a tokenizer, or its path or Hugging Face name, when the
             server's tokenizer path is not readable here.
         max_in_flight: concurrent requests (default: the server's ``max_num_seqs``).
@@ -163,6 +173,7 @@ class SpanClient:
         allow_stock_server: accept a server without ``/minipic/info`` (stock vLLM, for
             comparisons): only ``Strategy.BASELINE`` (plain prompts) works there, and
             `tokenizer` and `max_in_flight` must be given.
+        cache_salt: the default salt of every request (``None``: unsalted).
     """
 
     def __init__(
@@ -177,11 +188,16 @@ class SpanClient:
         on_request: Callable[[RequestEvent], None] | None = None,
         info_check_interval_s: float = 1.0,
         allow_stock_server: bool = False,
+        cache_salt: str | None = None,
     ) -> None:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        _check_salt(cache_salt)
         self._http = httpx.AsyncClient(
-            base_url=base_url, transport=transport or pooled_transport(), timeout=timeout
+            base_url=root_url(base_url), transport=transport or pooled_transport(), timeout=timeout
         )
         self._conn = Connection(self._http, retry)
+        self._cache_salt = cache_salt
         self._tokenizer_arg = tokenizer
         self._max_in_flight = max_in_flight
         self._on_request = on_request
@@ -204,7 +220,7 @@ class SpanClient:
 
     async def connect(self) -> ServerInfo:
         """Read the server's info and load the tokenizer."""
-        info = await self._fetch_info_or_stock()
+        info = await self._fetch_info(quick=True)
         tokenizer = self._tokenizer_arg
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = await asyncio.to_thread(
@@ -303,11 +319,13 @@ class SpanClient:
         temperature: float = 0.0,
         strategy: Strategy = Strategy.ISPS,
         add_special_tokens: bool = True,
+        cache_salt: str | None = None,
     ) -> RagResult:
         """Complete a prompt built from `Text`, `Span` and `Dependent` parts."""
         started = time.perf_counter()
         layout = self.layout(parts, strategy=strategy, add_special_tokens=add_special_tokens)
-        return await self._complete(_Job(layout, max_tokens, temperature), started)
+        job = _Job.of(layout, max_tokens, temperature, self._salt(cache_salt))
+        return await self._complete(job, started)
 
     async def rag(
         self,
@@ -321,6 +339,7 @@ class SpanClient:
         max_tokens: int = 64,
         temperature: float = 0.0,
         strategy: Strategy = Strategy.ISPS,
+        cache_salt: str | None = None,
     ) -> RagResult:
         """Answer `task` over `docs`, each document a span reused across calls.
 
@@ -328,7 +347,9 @@ class SpanClient:
         ISPS and BATCHED coincide here; BASELINE sends the plain prompt.
         """
         started = time.perf_counter()
-        request = RagRequest(task, docs, system, modules, technique, raw, max_tokens, temperature)
+        request = RagRequest(
+            task, docs, system, modules, technique, raw, max_tokens, temperature, cache_salt
+        )
         return await self._complete(self._job(request, strategy), started)
 
     async def rag_stream(
@@ -343,15 +364,16 @@ class SpanClient:
         max_tokens: int = 64,
         temperature: float = 0.0,
         strategy: Strategy = Strategy.ISPS,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[str, None]:
         """`rag`, yielding text deltas as they are generated.
 
         The stream holds one request slot until it ends; to stop early, close it
         (``async with contextlib.aclosing(client.rag_stream(...)) as deltas``)."""
-        request = RagRequest(task, docs, system, modules, technique, raw, max_tokens, temperature)
-        job = self._job(request, strategy)
-        await self._live.scheduler.prefill(job.prefills)
-        async with aclosing(self._generate(job, _Completion())) as deltas:
+        request = RagRequest(
+            task, docs, system, modules, technique, raw, max_tokens, temperature, cache_salt
+        )
+        async with aclosing(self._answer(self._job(request, strategy), _Completion())) as deltas:
             async for delta in deltas:
                 if delta:
                     yield delta
@@ -378,9 +400,13 @@ class SpanClient:
         except KeyError:
             raise PromptError(f"unknown module {name!r}: register it with add_module()") from None
 
+    def _salt(self, cache_salt: str | None) -> str | None:
+        _check_salt(cache_salt)
+        return self._cache_salt if cache_salt is None else cache_salt
+
     def _job(self, request: RagRequest, strategy: Strategy) -> _Job:
         layout = self.rag_layout(request, strategy=strategy)
-        return _Job(layout, request.max_tokens, request.temperature)
+        return _Job.of(layout, request.max_tokens, request.temperature, self._salt(request.cache_salt))
 
     def _job_or_error(self, request: RagRequest, strategy: Strategy) -> _Job | MiniPICError:
         try:
@@ -389,16 +415,27 @@ class SpanClient:
             return exc
 
     async def _complete(self, job: _Job, started: float) -> RagResult:
-        await self._live.scheduler.prefill(job.prefills)
-        completion = _Completion()
-        async with aclosing(self._generate(job, completion)) as deltas:
-            async for _ in deltas:
-                pass
+        """`_answer` collected. A stream that broke midway (a server restart) is asked
+        again: unlike `rag_stream`, nothing was handed out yet, so nothing repeats."""
+        async for attempt in self._conn.retry.retrying((StreamInterruptedError,)):
+            with attempt:
+                completion = _Completion()
+                async with aclosing(self._answer(job, completion)) as deltas:
+                    async for _ in deltas:
+                        pass
         return completion.result(started, job.layout)
 
-    async def _generate(self, job: _Job, completion: _Completion) -> AsyncGenerator[str, None]:
-        events = self._live.scheduler.stream(
-            job.layout.token_ids, max_tokens=job.max_tokens, temperature=job.temperature
+    async def _answer(self, job: _Job, completion: _Completion) -> AsyncGenerator[str, None]:
+        """The one request path of every call: the job's prefills, then its final
+        prompt streamed into `completion`, yielding text deltas; a cached shortfall
+        makes the client check whether the server restarted."""
+        scheduler = self._live.scheduler
+        await scheduler.prefill(job.prefills)
+        events = scheduler.stream(
+            job.layout.token_ids,
+            max_tokens=job.max_tokens,
+            temperature=job.temperature,
+            cache_salt=job.cache_salt,
         )
         async with aclosing(events):
             async for event in events:
@@ -432,15 +469,22 @@ class SpanClient:
         session.scheduler.forget()
         session.info = info
 
-    async def _fetch_info(self) -> ServerInfo:
-        return ServerInfo.from_json(await self._conn.get_json("/minipic/info"))
-
-    async def _fetch_info_or_stock(self) -> ServerInfo:
+    async def _fetch_info(self, *, quick: bool = False) -> ServerInfo:
         try:
-            return await self._fetch_info()
+            data = await self._conn.get_json("/minipic/info", quick=quick)
         except RequestError as exc:
-            if exc.status_code != 404 or not self._allow_stock_server:
+            if exc.status_code != 404:
                 raise
+            if self._allow_stock_server:
+                return await self._stock_info()
+            raise ConfigError(
+                f"{self._http.base_url} is not a MiniPIC server: GET /minipic/info answered "
+                f"404 ({exc.message}); start it with `minipic serve`, or send it plain prompts "
+                "(allow_stock_server=True; `minipic batch --strategy baseline`)"
+            ) from None
+        return ServerInfo.from_json(data)
+
+    async def _stock_info(self) -> ServerInfo:
         if self._tokenizer_arg is None or self._max_in_flight is None:
             raise ConfigError(
                 f"{self._http.base_url} is a stock vLLM server (no /minipic/info): "
@@ -476,6 +520,11 @@ def pooled_transport() -> httpx.AsyncBaseTransport:
     from httpx_aiohttp import AiohttpTransport
 
     return AiohttpTransport(limits=httpx.Limits(max_connections=0, keepalive_expiry=2.0))
+
+
+def _check_salt(cache_salt: str | None) -> None:
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise PromptError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
 
 
 def _load_tokenizer(name: str) -> PreTrainedTokenizerBase:

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, cast
 
 from minipic_client.errors import ConfigError, InvalidDocumentError, PromptError
-from minipic_client.tokens import TokenCache, TokenIds
+from minipic_client.tokens import TokenCache, TokenIds, unicode_problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -99,11 +99,17 @@ class Prefill:
     kind: Literal["prefix", "span"]
     token_ids: TokenIds
     key: bytes
+    cache_salt: str | None = None
 
     @classmethod
     def of(cls, kind: Literal["prefix", "span"], token_ids: TokenIds) -> Prefill:
         digest = hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()
         return cls(kind, token_ids, digest)
+
+    def salted(self, cache_salt: str) -> Prefill:
+        """The same tokens under `cache_salt`: cached apart from the unsalted ones, so keyed apart."""
+        key = hashlib.blake2b(self.key + cache_salt.encode(), digest_size=16).digest()
+        return Prefill(self.kind, self.token_ids, key, cache_salt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +243,9 @@ def check_documents(docs: Sequence[object]) -> None:
             raise InvalidDocumentError(i, f"is {type(doc).__name__}, not str")
         if not doc.strip():
             raise InvalidDocumentError(i, "is empty")
+        problem = unicode_problem(doc)
+        if problem is not None:
+            raise InvalidDocumentError(i, problem)
 
 
 _SYSTEM = "\x1eminipic:system\x1e"

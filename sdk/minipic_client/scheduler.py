@@ -116,18 +116,20 @@ class Scheduler:
         todo = {p.key: p for p in prefills if p.key not in self._done}
         fresh = [p for key, p in todo.items() if key not in self._pending]
         step = min(MAX_PROMPTS_PER_REQUEST, self.max_in_flight)
-        for start in range(0, len(fresh), step):
-            chunk = fresh[start : start + step]
-            task = asyncio.create_task(self._send_prefills(chunk))
-            keys = [p.key for p in chunk]
-            self._pending.update(dict.fromkeys(keys, task))
-            task.add_done_callback(partial(self._settle, keys))
+        for salt in dict.fromkeys(p.cache_salt for p in fresh):  # a request carries one salt
+            salted = [p for p in fresh if p.cache_salt == salt]
+            for start in range(0, len(salted), step):
+                chunk = salted[start : start + step]
+                task = asyncio.create_task(self._send_prefills(chunk))
+                keys = [p.key for p in chunk]
+                self._pending.update(dict.fromkeys(keys, task))
+                task.add_done_callback(partial(self._settle, keys))
         tasks = {id(t): t for t in (self._pending.get(key) for key in todo) if t is not None}
         # Shielded: a caller that is cancelled must not cancel the others' prefills.
         await asyncio.gather(*map(asyncio.shield, tasks.values()))
 
     async def stream(
-        self, token_ids: Sequence[int], *, max_tokens: int, temperature: float
+        self, token_ids: Sequence[int], *, max_tokens: int, temperature: float, cache_salt: str | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Stream a final prompt's completion events while holding one slot."""
         body = {
@@ -139,6 +141,8 @@ class Scheduler:
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
         }
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         async with self._slots:
             start = time.perf_counter()
             cached = None
@@ -209,6 +213,8 @@ class Scheduler:
             "max_tokens": 1,
             "temperature": 0.0,
         }
+        if prefills[0].cache_salt is not None:  # one salt per request: see prefill()
+            body["cache_salt"] = prefills[0].cache_salt
         async with self._taking_many:
             for _ in prefills:
                 await self._slots.acquire()

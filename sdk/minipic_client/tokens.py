@@ -6,7 +6,7 @@ from collections.abc import Collection
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from minipic_client.errors import ConfigError
+from minipic_client.errors import ConfigError, PromptError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,6 +52,9 @@ class TokenCache:
         return self._checked(text, split_special_tokens=False)
 
     def _checked(self, text: str, *, split_special_tokens: bool) -> TokenIds:
+        problem = unicode_problem(text)
+        if problem is not None:
+            raise PromptError(f"text {text[:40]!r} {problem}")
         ids = tuple(
             self.tokenizer(
                 text, add_special_tokens=False, split_special_tokens=split_special_tokens
@@ -64,6 +67,16 @@ class TokenCache:
                 "split_special_tokens, so documents could open spans"
             )
         return ids
+
+
+def unicode_problem(text: str) -> str | None:
+    """What makes `text` unusable for a tokenizer, if anything: a lone surrogate (from
+    a JSON ``"\\udcff"`` escape, or bytes decoded with ``surrogateescape``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"has a lone surrogate {text[exc.start]!r} at character {exc.start}: not valid Unicode"
+    return None
 
 
 def leading_special_ids(tokenizer: PreTrainedTokenizerBase) -> TokenIds:

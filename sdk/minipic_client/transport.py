@@ -1,25 +1,34 @@
-"""HTTP to the server: JSON and SSE over httpx, errors mapped and retried with tenacity."""
+"""HTTP to the server: JSON and server-sent events over httpx, retried with tenacity.
+
+`_httpx_errors` is the one place that knows httpx's exception tree: every httpx
+error leaves this module as a `MiniPICError`.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, SSEError
 from tenacity import (
     AsyncRetrying,
     before_sleep_log,
     retry_if_exception_type,
     stop_after_attempt,
-    stop_after_delay,
+    stop_before_delay,
+    stop_never,
     wait_random_exponential,
 )
 
 from minipic_client.errors import (
     APIError,
+    ConfigError,
+    MiniPICError,
     RequestError,
     ServerError,
     StreamInterruptedError,
@@ -28,28 +37,53 @@ from minipic_client.errors import (
 
 logger = logging.getLogger("minipic_client")
 
+# Status reported for answers that arrived but cannot be read (no HTTP status says it).
+BAD_ANSWER_STATUS = 502
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter, bounded in attempts and in total time.
+    """Exponential backoff with full jitter, bounded in time (and in attempts if given).
 
-    Retried: connection errors, 429 and 5xx. A stream is retried only until its
-    first chunk arrives.
+    Retried: connection errors, 429 and 5xx. The default waits up to two minutes,
+    long enough for a server to restart; a stream is retried only until its first
+    chunk arrives.
     """
 
-    attempts: int = 6
+    attempts: int | None = None
     total_s: float = 120.0
     initial_backoff_s: float = 0.25
-    max_backoff_s: float = 8.0
+    max_backoff_s: float = 4.0
 
-    def retrying(self) -> AsyncRetrying:
+    def retrying(
+        self, retried: tuple[type[MiniPICError], ...] = (ServerError, TransportError)
+    ) -> AsyncRetrying:
+        """A tenacity loop that retries `retried` errors within this policy's bounds."""
+        attempts = stop_never if self.attempts is None else stop_after_attempt(self.attempts)
         return AsyncRetrying(
-            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.total_s),
+            stop=attempts | stop_before_delay(self.total_s),
             wait=wait_random_exponential(multiplier=self.initial_backoff_s, max=self.max_backoff_s),
-            retry=retry_if_exception_type((ServerError, TransportError)),
+            retry=retry_if_exception_type(retried),
             before_sleep=before_sleep_log(logger, logging.WARNING),
             reraise=True,
         )
+
+
+def root_url(url: str) -> httpx.URL:
+    """The server's root URL; an OpenAI-style ``.../v1`` suffix is dropped, anything
+    that is not an http(s) URL with a host is refused with one line."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"server URL {url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"server URL {url!r} must start with http:// or https:// and name a host, "
+            "e.g. http://127.0.0.1:8000"
+        )
+    path = parsed.path.rstrip("/")
+    path = path.removesuffix("/v1")
+    return parsed.copy_with(path=path or "/", query=None, fragment=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,36 +110,33 @@ class Connection:
 
     def __init__(self, http: httpx.AsyncClient, retry: RetryPolicy) -> None:
         self._http = http
-        self._retry = retry
+        self.retry = retry
 
     async def get_json(self, path: str) -> Any:
-        return await self._retry.retrying()(self._send_json, "GET", path, None)
+        return await self.retry.retrying()(self._send_json, "GET", path, None)
 
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._retry.retrying()(self._send_json, "POST", path, body)
+        return await self.retry.retrying()(self._send_json, "POST", path, body)
 
     async def stream(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
-        """SSE data events of a streaming POST. Retried until the first event arrives;
-        a connection lost after it raises `StreamInterruptedError`."""
-        opened: _Opened = await self._retry.retrying()(self._open_stream, path, body)
+        """Data events of a streaming POST. Retried until the first event arrives; a
+        connection lost after it raises `StreamInterruptedError`."""
+        opened: _Opened = await self.retry.retrying()(self._open_stream, path, body)
         response, events, first = opened
         try:
             yield first
-            async for event in events:
-                yield event
-        except httpx.TransportError as exc:
-            raise StreamInterruptedError(
-                f"stream from {path} broke after its first chunk: {exc!r}"
-            ) from exc
+            try:
+                async for event in events:
+                    yield event
+            except TransportError as exc:
+                raise StreamInterruptedError(f"stream from {path} broke after its first chunk: {exc}") from exc
         finally:
             await events.aclose()
             await response.aclose()
 
     async def _send_json(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        try:
+        with _httpx_errors(f"{method} {path}"):
             response = await self._http.request(method, path, json=body)
-        except httpx.TransportError as exc:
-            raise TransportError(f"{method} {path}: {exc!r}") from exc
         _raise_for_status(response)
         try:
             return response.json()
@@ -114,19 +145,16 @@ class Connection:
 
     async def _open_stream(self, path: str, body: dict[str, Any]) -> _Opened:
         request = self._http.build_request("POST", path, json=body)
-        try:
+        with _httpx_errors(f"POST {path}"):
             response = await self._http.send(request, stream=True)
-        except httpx.TransportError as exc:
-            raise TransportError(f"POST {path}: {exc!r}") from exc
-        events = _sse_events(response)
+        events = _events(response, f"POST {path}")
         try:
-            try:
-                if not response.is_success:
+            if not response.is_success:
+                with _httpx_errors(f"POST {path}"):
                     await response.aread()
-                    _raise_for_status(response)
+                _raise_for_status(response)
+            try:
                 first = await anext(events)
-            except httpx.TransportError as exc:
-                raise TransportError(f"POST {path}: {exc!r}") from exc
             except StopAsyncIteration:
                 raise TransportError(f"POST {path}: stream ended before its first chunk") from None
         except BaseException:
@@ -136,24 +164,35 @@ class Connection:
         return response, events, first
 
 
-async def _sse_events(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
-    """vLLM's server-sent events: ``data: {json}`` lines up to ``data: [DONE]``."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            event = json.loads(data)
-        except ValueError as exc:
-            raise ServerError(
-                response.status_code, f"malformed stream event {data[:80]!r}"
-            ) from exc
-        error = event.get("error")
-        if error is not None:
-            raise _api_error(error.get("code") or 500, _message(event))
-        yield event
+@contextmanager
+def _httpx_errors(what: str) -> Iterator[None]:
+    """httpx's errors as MiniPIC's: connection trouble is a `TransportError` (retried),
+    a URL httpx cannot use a `ConfigError`, an unreadable answer a `ServerError`."""
+    try:
+        yield
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        raise ConfigError(f"{what}: {exc}") from exc
+    except (httpx.DecodingError, httpx.TooManyRedirects, SSEError) as exc:  # SSEError is an httpx.TransportError
+        raise ServerError(BAD_ANSWER_STATUS, f"{what}: unreadable answer: {exc}") from exc
+    except httpx.TransportError as exc:
+        raise TransportError(f"{what}: {exc!r}") from exc
+
+
+async def _events(response: httpx.Response, what: str) -> AsyncGenerator[dict[str, Any], None]:
+    """vLLM's server-sent events as JSON objects, up to ``data: [DONE]``; an error
+    event is raised as the error it reports."""
+    with _httpx_errors(what):
+        async for sse in EventSource(response).aiter_sse():
+            if sse.data == "[DONE]":
+                return
+            try:
+                event = json.loads(sse.data)
+            except ValueError:
+                raise ServerError(BAD_ANSWER_STATUS, f"{what}: malformed stream event {sse.data[:80]!r}") from None
+            error = event.get("error")
+            if error is not None:
+                raise _api_error(error.get("code") or 500, _message(event))
+            yield event
 
 
 def _raise_for_status(response: httpx.Response) -> None:
