@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from minipic_client import BatchInputError, RagResult
-from minipic_client.batch import BatchSummary, pending_samples, read_samples, run_batch
+from minipic_client import BatchInputError, InputFileError, RagResult
+from minipic_client.batch import BatchSummary, ResultFile, read_samples, run_batch
 from minipic_client.cli import app
 
 pytest_plugins = ["sdk_fixtures"]  # fake_server, fake_client, sdk_tokenizer
@@ -59,19 +59,16 @@ def test_blank_lines_are_skipped_and_ids_may_be_integers(tmp_path):
     assert [s.id for s in read_samples(path, max_tokens=4)] == ["a", 7]
 
 
+UNREACHABLE = "http://127.0.0.1:9"  # nothing listens there: a test that connects would hang in retries
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
 def test_the_cli_names_the_bad_line_before_connecting(tmp_path):
     path = write_lines(tmp_path / "in.jsonl", [json.dumps(GOOD), '{"id": "b"}'])
-    result = CliRunner().invoke(
-        app,
-        [
-            "batch",
-            str(path),
-            "--server",
-            "http://127.0.0.1:9",
-            "--output",
-            str(tmp_path / "out.jsonl"),
-        ],
-    )
+    result = run_cli("batch", str(path), "--server", UNREACHABLE, "--output", str(tmp_path / "out.jsonl"))
     assert result.exit_code == 1
     assert "in.jsonl:2: 'task' must be a non-empty string" in result.output
 
@@ -91,17 +88,18 @@ async def test_a_killed_run_resumes_with_every_id_exactly_once(tmp_path, fake_se
             raise Killed
 
     async with fake_client(max_in_flight=2) as client:
-        with pytest.raises(Killed):
-            await run_batch(client, samples, output, on_done=die_after_four)
+        with ResultFile(output) as results, pytest.raises(Killed):
+            await run_batch(client, samples, results, on_done=die_after_four)
     with output.open("a", encoding="utf-8") as out:
         out.write('{"id": "s9", "text": "t1')  # the kill cut a line short
     assert len(output.read_text().splitlines()) == 5
 
-    todo = pending_samples(samples, output)
-    assert output.read_text().endswith("\n")  # the truncated line is gone
-    assert sorted(s.id for s in todo) == sorted(s.id for s in samples if s.id not in finished)
     async with fake_client(max_in_flight=2) as client:
-        summary = await run_batch(client, todo, output)
+        with ResultFile(output) as results:
+            assert output.read_text().endswith("\n")  # the truncated line is gone
+            todo = results.pending(samples)
+            assert sorted(s.id for s in todo) == sorted(s.id for s in samples if s.id not in finished)
+            summary = await run_batch(client, todo, results)
 
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(s.id for s in samples)
@@ -119,17 +117,100 @@ async def test_a_rejected_sample_is_left_for_the_next_run(tmp_path, fake_server,
             system="Be brief.", docs=["Document 0: the school is by the river.\n"], task="warm"
         )
         fake_server.faults.append("400")  # the next request: the first sample's final
-        summary = await run_batch(client, samples, output, on_done=lambda s, o: outcomes.append(o))
+        with ResultFile(output) as results:
+            summary = await run_batch(client, samples, results, on_done=lambda s, o: outcomes.append(o))
     assert summary.failed == 1 and summary.completed == 2
     assert sum(isinstance(o, RagResult) for o in outcomes) == 2
-    assert len(pending_samples(samples, output)) == 1
+    with ResultFile(output) as results:
+        assert len(results.pending(samples)) == 1
 
 
-def test_a_foreign_output_file_is_refused(tmp_path):
-    samples = read_samples(samples_file(tmp_path / "in.jsonl", 2), max_tokens=2)
-    output = write_lines(tmp_path / "out.jsonl", ['{"id": "s0"}', "some log line"])
-    with pytest.raises(BatchInputError, match=r"out\.jsonl:2: not a result line"):
-        pending_samples(samples, output)
+async def test_bad_text_fails_its_own_sample_and_the_batch_goes_on(tmp_path, fake_server, fake_client):
+    path = tmp_path / "in.jsonl"
+    lines = [
+        json.dumps(GOOD).encode(),
+        b'{"id": "surrogate", "docs": ["ok\\udcff"], "task": "q"}',
+        '{"id": "latin1", "docs": ["caf\u00e9"], "task": "q"}'.encode("latin-1"),
+        json.dumps(dict(GOOD, id="z")).encode(),
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    samples = read_samples(path, max_tokens=2)
+    assert [str(s.error) if s.error else None for s in samples] == [
+        None,
+        f"{path}:2: 'docs[0]' has a lone surrogate '\\udcff' at character 2: not valid Unicode",
+        f"{path}:3: not valid UTF-8: byte 0xe9 at offset 30",
+        None,
+    ]
+    reported = []
+    async with fake_client() as client:
+        with ResultFile(tmp_path / "out.jsonl") as results:
+            summary = await run_batch(client, samples, results, on_done=lambda s, o: reported.append((s.id, o)))
+    assert summary.completed == 2 and summary.failed == 2
+    assert sorted(i for i, o in reported if isinstance(o, RagResult)) == ["a", "z"]
+    assert len(fake_server.of_kind("final")) == 2  # the bad samples were never sent
+    written = [json.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert sorted(written) == ["a", "z"]
+
+
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        (b'{"id": "s0"}\nsome log line\n', 2),
+        (b"my notes about the run, no newline", 1),  # 46 -> 19 bytes before: never again
+        (b'{"id": "s0"}\n{"text": "x"}\n', 2),
+        (b'{"id": "s0"}\nnotes', 2),
+    ],
+)
+def test_a_foreign_output_file_is_refused_and_left_unchanged(tmp_path, content, line):
+    output = tmp_path / "out.jsonl"
+    output.write_bytes(content)
+    with pytest.raises(BatchInputError, match=rf"out\.jsonl:{line}: not a result line"):
+        with ResultFile(output):
+            pass
+    assert output.read_bytes() == content
+
+
+def test_an_output_that_is_the_input_is_refused_before_anything_changes(tmp_path):
+    path = samples_file(tmp_path / "in.jsonl", 2)
+    before = path.read_bytes()
+    result = run_cli("batch", str(path), "--server", UNREACHABLE, "--output", str(path))
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == f"error: {path}: is the input file: choose another --output"
+    assert path.read_bytes() == before
+
+
+def test_two_runs_cannot_write_one_output(tmp_path):
+    output = tmp_path / "out.jsonl"
+    with ResultFile(output):
+        with pytest.raises(InputFileError, match=r"another run is writing it \(lock .*out\.jsonl\.lock\)"):
+            with ResultFile(output):
+                pass
+    with ResultFile(output):  # released with the first run
+        pass
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("missing-dir/out.jsonl", "its folder {tmp}/missing-dir does not exist"),
+        ("/proc/version", "cannot write it: Invalid argument"),  # unwritable even for root
+    ],
+)
+def test_an_unwritable_output_is_one_line_before_connecting(tmp_path, target, reason):
+    inp = samples_file(tmp_path / "in.jsonl", 2)
+    output = tmp_path / target
+    result = run_cli("batch", str(inp), "--server", UNREACHABLE, "--output", str(output))
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"error: {output}: {reason.format(tmp=tmp_path)}"]
+    assert not (tmp_path / "missing-dir").exists()
+
+
+def test_a_document_that_is_not_utf8_is_named_before_connecting(tmp_path):
+    doc = tmp_path / "latin1.txt"
+    doc.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
+    result = run_cli("rag", "--server", UNREACHABLE, "--doc", str(doc), "--task", "q")
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: {doc}: not valid UTF-8: byte 0xe9 at offset 3"
 
 
 def test_summary_percentiles():

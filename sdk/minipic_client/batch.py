@@ -3,22 +3,28 @@
 Each result is appended as one line and flushed as soon as its sample is done,
 so a killed run loses at most the line being written. Re-running with the same
 output cuts a truncated last line off, skips the ids already there and appends
-the rest: every id ends up exactly once.
+the rest: every id ends up exactly once. The output is locked while a run
+writes it, and a file that is not a result file is never changed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from contextlib import aclosing
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
+
+from filelock import FileLock, Timeout
 
 from minipic_client.client import RagRequest, RagResult, SpanClient
 from minipic_client.errors import (
     BatchInputError,
+    InputFileError,
     InvalidDocumentError,
     MiniPICError,
     PromptError,
@@ -26,14 +32,23 @@ from minipic_client.errors import (
 )
 from minipic_client.prompt import check_documents
 from minipic_client.scheduler import Strategy
+from minipic_client.tokens import unicode_problem
 
 SampleId = str | int
+
+# How every result line starts (json.dumps of a dict whose first key is "id"):
+# a last line cut short by a kill is recognised by it.
+_RESULT_START = b'{"id": '
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
+    """One input line. `error`: its text cannot be tokenized, so it is reported, never sent."""
+
     id: SampleId
     request: RagRequest
+    line: int
+    error: BatchInputError | None = None
 
 
 @dataclass(slots=True)
@@ -62,28 +77,46 @@ class BatchSummary:
 
 
 def read_samples(path: Path, *, max_tokens: int) -> list[Sample]:
-    """Parse and check every line before anything is sent; errors name the line."""
+    """Parse and check every line before anything is sent; errors name the line.
+
+    A line that is not a sample stops the run (the file is probably wrong); a
+    sample whose text is not valid Unicode gets a per-sample `error` instead.
+    """
     samples: list[Sample] = []
     seen: dict[SampleId, int] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with _opened(path, "rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            bad_bytes: str | None = None
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                # Decoded anyway (bad bytes become lone surrogates) to learn the sample's id.
+                line = raw.decode("utf-8", "surrogateescape")
+                bad_bytes = not_utf8(exc)
             if not line.strip():
                 continue
             try:
-                sample = _parse_sample(line, max_tokens)
+                sample_id, request, bad_text = _parse_sample(line, max_tokens)
             except ValueError as exc:
                 raise BatchInputError(str(path), number, str(exc)) from None
-            if sample.id in seen:
-                raise BatchInputError(
-                    str(path), number, f"id {sample.id!r} already used on line {seen[sample.id]}"
-                )
-            seen[sample.id] = number
+            if sample_id in seen:
+                raise BatchInputError(str(path), number, f"id {sample_id!r} already used on line {seen[sample_id]}")
+            seen[sample_id] = number
+            problem = bad_bytes or bad_text
+            error = BatchInputError(str(path), number, problem) if problem else None
+            sample = Sample(sample_id, request, number, error)
             samples.append(sample)
     return samples
 
 
-def _parse_sample(line: str, max_tokens: int) -> Sample:
-    """One input line as a sample; raises ValueError saying what is wrong with it."""
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """A decoding error in words, naming the first bad byte and where it is."""
+    return f"not valid UTF-8: byte {exc.object[exc.start]:#04x} at offset {exc.start}"
+
+
+def _parse_sample(line: str, max_tokens: int) -> tuple[SampleId, RagRequest, str | None]:
+    """One input line as a sample and what is wrong with its text, if anything;
+    raises ValueError saying what else is wrong with it."""
     try:
         record = json.loads(line)
     except ValueError as exc:
@@ -99,77 +132,175 @@ def _parse_sample(line: str, max_tokens: int) -> Sample:
     docs = record.get("docs", [])
     if not isinstance(docs, list):
         raise ValueError(f"'docs' must be a list of strings, got {type(docs).__name__}")
-    try:
-        check_documents(docs)
-    except InvalidDocumentError as exc:
-        raise ValueError(f"'docs': {exc}") from None
     task = record.get("task")
     if not isinstance(task, str) or not task.strip():
         raise ValueError(f"'task' must be a non-empty string, got {task!r}")
-    return Sample(sample_id, RagRequest(task=task, docs=docs, system=system, max_tokens=max_tokens))
+    request = RagRequest(task=task, docs=docs, system=system, max_tokens=max_tokens)
+    bad_text = _text_problem(system, docs, task)
+    if bad_text is None:
+        try:
+            check_documents(docs)
+        except InvalidDocumentError as exc:
+            raise ValueError(f"'docs': {exc}") from None
+    return sample_id, request, bad_text
 
 
-def pending_samples(samples: Sequence[Sample], output: Path) -> list[Sample]:
-    """The samples whose ids are not in `output` yet (repairing a truncated last line)."""
-    done = _finished_ids(output)
-    return [sample for sample in samples if sample.id not in done]
+def _text_problem(system: str | None, docs: list[Any], task: str) -> str | None:
+    fields = [("system", system), *((f"docs[{i}]", d) for i, d in enumerate(docs)), ("task", task)]
+    for name, text in fields:
+        problem = unicode_problem(text) if isinstance(text, str) else None
+        if problem is not None:
+            return f"'{name}' {problem}"
+    return None
 
 
-def _finished_ids(output: Path) -> set[SampleId]:
-    if not output.exists():
-        return set()
-    with output.open("r+b") as f:
-        data = f.read()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            f.truncate(end)
+class ResultFile:
+    """A batch run's output: locked while open, and changed only once proven to be a
+    result file (every complete line a result, a cut-short last line one's start).
+
+    Use as a context manager; `done` holds the ids already there.
+    """
+
+    def __init__(self, path: Path, *, input_path: Path | None = None) -> None:
+        self.path = path
+        self._input = input_path
+        self._lock = FileLock(f"{path}.lock", timeout=0)
+        self._file: IO[bytes] | None = None
+        self.done: set[SampleId] = set()
+
+    def __enter__(self) -> ResultFile:
+        path = str(self.path)
+        if self._input is not None and _same_file(self.path, self._input):
+            raise InputFileError(path, "is the input file: choose another --output")
+        if not self.path.parent.is_dir():
+            raise InputFileError(path, f"its folder {self.path.parent} does not exist")
+        try:
+            self._file = open(self.path, "a+b")  # read, checked and repaired below, then appended to
+        except OSError as exc:
+            raise InputFileError(path, f"cannot write it: {exc.strerror or exc}") from None
+        try:
+            self._acquire_lock()
+            self._file.seek(0)
+            self.done = _finished_ids(self.path, self._file)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _acquire_lock(self) -> None:
+        try:
+            self._lock.acquire()
+        except Timeout:
+            # filelock also times out when it cannot create the lock file at all.
+            reason = (
+                f"another run is writing it (lock {self._lock.lock_file})"
+                if os.access(self.path.parent, os.W_OK)
+                else f"cannot create its lock file {self._lock.lock_file}"
+            )
+            raise InputFileError(str(self.path), reason) from None
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._lock.is_locked:
+            self._lock.release()
+
+    def pending(self, samples: Sequence[Sample]) -> list[Sample]:
+        """The samples whose ids are not in the file yet."""
+        return [sample for sample in samples if sample.id not in self.done]
+
+    def append(self, sample_id: SampleId, result: RagResult) -> None:
+        """Write one result line and flush it: a kill loses at most this line."""
+        assert self._file is not None, "ResultFile is not open"
+        line = json.dumps(_record(sample_id, result), ensure_ascii=False) + "\n"
+        self._file.write(line.encode("utf-8"))
+        self._file.flush()
+
+
+def _finished_ids(path: Path, f: IO[bytes]) -> set[SampleId]:
+    """Ids in a result file, cutting off a last line that a kill left short, but only
+    once every other line is proven to be a result."""
+    data = f.read()
+    end = data.rfind(b"\n") + 1
     done: set[SampleId] = set()
     for number, line in enumerate(data[:end].splitlines(), 1):
         try:
             done.add(json.loads(line)["id"])
         except (ValueError, KeyError, TypeError):
-            raise BatchInputError(
-                str(output), number, "not a result line: is this the right --output file?"
-            ) from None
+            raise BatchInputError(str(path), number, _NOT_OURS) from None
+    tail = data[end:]
+    if tail:
+        if not (tail.startswith(_RESULT_START) or _RESULT_START.startswith(tail)):
+            raise BatchInputError(str(path), data.count(b"\n") + 1, _NOT_OURS)
+        f.truncate(end)
     return done
+
+
+_NOT_OURS = "not a result line: is this the right --output file? (left unchanged)"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+@contextmanager
+def _opened(path: Path, mode: str) -> Iterator[IO[Any]]:
+    """`open`, with an OS error as one line naming the file."""
+    try:
+        f = open(path, mode)
+    except OSError as exc:
+        raise InputFileError(str(path), f"cannot read it: {exc.strerror or exc}") from None
+    with f:
+        yield f
 
 
 async def run_batch(
     client: SpanClient,
     samples: Sequence[Sample],
-    output: Path,
+    results: ResultFile,
     *,
     strategy: Strategy = Strategy.ISPS,
     window: int | None = None,
     on_done: Callable[[Sample, RagResult | MiniPICError], None] | None = None,
 ) -> BatchSummary:
-    """Run `samples`, appending one line per completed sample to `output`.
+    """Run `samples`, appending one line per completed sample to `results`.
 
-    A sample the server or the client rejects (`PromptError`, `RequestError`) is
-    reported through `on_done` and left out of the output, so a re-run retries it.
-    Anything else (the server unreachable after retries, a changed server) stops
-    the run: every sample would fail the same way.
+    A sample whose text is bad, or that the server or the client rejects
+    (`PromptError`, `RequestError`), is reported through `on_done` and left out of
+    the output, so a re-run retries it. Anything else (the server unreachable
+    after retries, a changed server) stops the run: every sample would fail the
+    same way.
     """
     summary = BatchSummary()
     started = time.perf_counter()
-    with output.open("a", encoding="utf-8") as out:
-        outcomes = client.rag_many((s.request for s in samples), strategy=strategy, window=window)
-        async with aclosing(outcomes):
-            async for index, outcome in outcomes:
-                sample = samples[index]
-                if isinstance(outcome, (PromptError, RequestError)):
-                    summary.failed += 1
-                elif isinstance(outcome, MiniPICError):
-                    raise outcome
-                else:
-                    out.write(json.dumps(_record(sample.id, outcome), ensure_ascii=False) + "\n")
-                    out.flush()
-                    summary.completed += 1
-                    summary.prompt_tokens += outcome.prompt_tokens
-                    summary.cached_tokens += outcome.cached_tokens or 0
-                    summary.ttfts_s.append(outcome.ttft_s)
-                if on_done is not None:
-                    on_done(sample, outcome)
+    sendable = []
+    for sample in samples:
+        if sample.error is None:
+            sendable.append(sample)
+            continue
+        summary.failed += 1
+        if on_done is not None:
+            on_done(sample, sample.error)
+    outcomes = client.rag_many((s.request for s in sendable), strategy=strategy, window=window)
+    async with aclosing(outcomes):
+        async for index, outcome in outcomes:
+            sample = sendable[index]
+            if isinstance(outcome, (PromptError, RequestError)):
+                summary.failed += 1
+            elif isinstance(outcome, MiniPICError):
+                raise outcome
+            else:
+                results.append(sample.id, outcome)
+                summary.completed += 1
+                summary.prompt_tokens += outcome.prompt_tokens
+                summary.cached_tokens += outcome.cached_tokens or 0
+                summary.ttfts_s.append(outcome.ttft_s)
+            if on_done is not None:
+                on_done(sample, outcome)
     summary.elapsed_s = time.perf_counter() - started
     return summary
 
@@ -182,3 +313,4 @@ def _record(sample_id: SampleId, result: RagResult) -> dict[str, object]:
         "cached_tokens": result.cached_tokens,
         "prompt_tokens": result.prompt_tokens,
     }
+

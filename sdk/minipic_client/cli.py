@@ -19,8 +19,8 @@ from minipic_client.scheduler import Strategy
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from minipic_client.batch import BatchSummary, Sample
-    from minipic_client.client import RagResult
+    from minipic_client.batch import BatchSummary, ResultFile, Sample
+    from minipic_client.client import RagResult, SpanClient
 
 app = typer.Typer(
     help="MiniPIC: position-independent KV caching for vLLM.",
@@ -95,6 +95,9 @@ def _errors_reported() -> Iterator[None]:
 _SERVER = typer.Option(..., "--server", help="Base URL of a `minipic serve`, e.g. http://127.0.0.1:8000.")
 _TOKENIZER = typer.Option(None, help="Tokenizer path or name (default: the one the server loaded).")
 _MAX_TOKENS = typer.Option(64, min=1, help="Tokens to generate per answer.")
+_CACHE_SALT = typer.Option(
+    None, "--cache-salt", help="Salt of every request: cached blocks are shared only between equal salts."
+)
 
 
 @app.command()
@@ -117,19 +120,27 @@ def batch(
     ),
     max_tokens: int = _MAX_TOKENS,
     tokenizer: str | None = _TOKENIZER,
+    cache_salt: str | None = _CACHE_SALT,
 ) -> None:
     """Answer every sample of a JSONL file; resumable."""
     from rich.console import Console
 
-    from minipic_client.batch import pending_samples, read_samples
+    from minipic_client.batch import ResultFile, read_samples
+    from minipic_client.client import SpanClient
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with _errors_reported():
         samples = read_samples(input_path, max_tokens=max_tokens)
-        todo = pending_samples(samples, output)
-        if len(todo) < len(samples):
-            console.print(f"resuming {output}: {len(samples) - len(todo)} of {len(samples)} samples done")
-        summary = asyncio.run(_batch(server, todo, output, strategy, max_in_flight, tokenizer, console))
+        # Locked and checked before connecting: a wrong or busy --output fails at once.
+        with ResultFile(output, input_path=input_path) as results:
+            todo = results.pending(samples)
+            if len(todo) < len(samples):
+                console.print(f"resuming {output}: {len(samples) - len(todo)} of {len(samples)} samples done")
+            client = SpanClient(
+                server, tokenizer=tokenizer, max_in_flight=max_in_flight, cache_salt=cache_salt,
+                allow_stock_server=strategy is Strategy.BASELINE,
+            )
+            summary = asyncio.run(_batch(client, todo, results, strategy, input_path, console))
     p50, p99 = summary.ttft_percentile(50), summary.ttft_percentile(99)
     ttft = f"TTFT p50 {p50:.3f} s, p99 {p99:.3f} s" if p50 is not None and p99 is not None else "no TTFT"
     failed = f"; [red]{summary.failed} failed[/red]" if summary.failed else ""
@@ -143,34 +154,33 @@ def batch(
 
 
 async def _batch(
-    server: str,
+    client: SpanClient,
     todo: list[Sample],
-    output: Path,
+    results: ResultFile,
     strategy: Strategy,
-    max_in_flight: int | None,
-    tokenizer: str | None,
+    input_path: Path,
     console: Console,
 ) -> BatchSummary:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
     from minipic_client.batch import run_batch
-    from minipic_client.client import SpanClient
     from minipic_client.errors import MiniPICError
 
     columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    async with SpanClient(
-        server, tokenizer=tokenizer, max_in_flight=max_in_flight,
-        allow_stock_server=strategy is Strategy.BASELINE,
-    ) as client:
+    async with client:
         with Progress(*columns, console=console) as progress:
             bar = progress.add_task(strategy.value, total=len(todo))
 
             def on_done(sample: Sample, outcome: RagResult | MiniPICError) -> None:
-                if isinstance(outcome, MiniPICError):
-                    progress.console.print(f"[red]sample {sample.id!r} failed:[/red] {outcome}")
+                if outcome is sample.error:
+                    progress.console.print(f"[red]skipped sample {sample.id!r}:[/red] {outcome}")
+                elif isinstance(outcome, MiniPICError):
+                    progress.console.print(
+                        f"[red]{input_path}:{sample.line}: sample {sample.id!r} failed:[/red] {outcome}"
+                    )
                 progress.advance(bar)
 
-            return await run_batch(client, todo, output, strategy=strategy, on_done=on_done)
+            return await run_batch(client, todo, results, strategy=strategy, on_done=on_done)
 
 
 @app.command()
@@ -183,25 +193,38 @@ def rag(
     system: str | None = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = _MAX_TOKENS,
     tokenizer: str | None = _TOKENIZER,
+    cache_salt: str | None = _CACHE_SALT,
 ) -> None:
     """Answer one question over document files; the answer goes to stdout."""
     from rich.console import Console
 
     from minipic_client.client import SpanClient
 
-    async def answer() -> RagResult:
-        async with SpanClient(server, tokenizer=tokenizer) as client:
+    async def answer(client: SpanClient, docs: list[str]) -> RagResult:
+        async with client:
             return await client.rag(system=system, docs=docs, task=task, max_tokens=max_tokens)
 
-    docs = [path.read_text(encoding="utf-8") for path in doc]
     with _errors_reported():
-        result = asyncio.run(answer())
+        client = SpanClient(server, tokenizer=tokenizer, cache_salt=cache_salt)
+        result = asyncio.run(answer(client, [_read_document(path) for path in doc]))
     typer.echo(result.text)
     Console(stderr=True, highlight=False, soft_wrap=True).print(
         f"TTFT {result.ttft_s:.3f} s, {result.cached_tokens} of {result.prompt_tokens} "
         "prompt tokens cached",
         style="dim",
     )
+
+
+def _read_document(path: Path) -> str:
+    from minipic_client.batch import not_utf8
+    from minipic_client.errors import InputFileError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(str(path), not_utf8(exc)) from None
+    except OSError as exc:
+        raise InputFileError(str(path), f"cannot read it: {exc.strerror or exc}") from None
 
 
 def main() -> None:

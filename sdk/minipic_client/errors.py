@@ -64,10 +64,18 @@ class PromptTooLongError(PromptError):
         self.max_model_len = max_model_len
 
 
-class BatchInputError(MiniPICError, ValueError):
+class InputFileError(MiniPICError, ValueError):
+    """A file named on the command line (a document, a batch input or output) that cannot be used."""
+
+    def __init__(self, path: str, reason: str, line: int | None = None) -> None:
+        super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+class BatchInputError(InputFileError):
     """A line of a batch input (or output, when resuming) that cannot be used."""
 
     def __init__(self, path: str, line: int, reason: str) -> None:
-        super().__init__(f"{path}:{line}: {reason}")
-        self.path = path
-        self.line = line
+        super().__init__(path, reason, line)
