@@ -15,9 +15,10 @@ from minipic_server.patching import wrap_attribute
 
 
 def register() -> None:
-    from minipic_server import backend_selection, engine_hooks, position_free, warmup_hook
+    from minipic_server import backend_selection, engine_hooks, marker_text, position_free, warmup_hook
 
     _install_config_guards()
+    marker_text.install()
     engine_hooks.install()
     position_free.install()
     backend_selection.install()
