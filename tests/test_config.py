@@ -16,7 +16,8 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_kv_cache_groups, check_rope_class
 from minipic_server.markers import MarkerIds, pick_marker_ids
-from minipic_server.serve import build_vllm_argv, plugin_allowlist
+from minipic_server.info_endpoint import server_info
+from minipic_server.serve import CPU_BLOCK_SIZE, plugin_allowlist, serve_args, serve_defaults, vllm_serve_parser
 
 MARKERS = {"ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7}
 
@@ -65,18 +66,47 @@ def test_markers_are_picked_from_the_tokenizer(tiny_model_dir: Path) -> None:
         pick_marker_ids(type("T", (), {"get_vocab": lambda self: {"a": 0}})())
 
 
-def test_serve_arguments_merge_user_config_and_let_user_flags_win() -> None:
-    argv = build_vllm_argv(
-        "m", ["--additional-config", '{"x": 1}', "--no-enable-prefix-caching"],
-        MarkerIds(**MARKERS), on_cpu=True,
-    )
-    assert argv.index("--enable-prefix-caching") < argv.index("--no-enable-prefix-caching")
-    assert "--enable-prompt-tokens-details" in argv
-    assert json.loads(argv[argv.index("--additional-config") + 1]) == {"x": 1, "minipic": MARKERS}
-    assert int(argv[argv.index("--kv-cache-memory-bytes") + 1]) > 0
-    assert "--kv-cache-memory-bytes" not in build_vllm_argv("m", [], MarkerIds(**MARKERS), on_cpu=False)
+def parse_serve(*vllm_args: str, on_cpu: bool = True, markers: MarkerIds | None = MarkerIds(**MARKERS)):
+    parser, _ = vllm_serve_parser(serve_defaults(on_cpu))
+    return serve_args(parser, "m", list(vllm_args), markers)
+
+
+def test_serve_defaults_sit_under_the_users_flags() -> None:
+    args = parse_serve()
+    assert args.enable_prefix_caching and args.enable_prompt_tokens_details
+    assert args.block_size == CPU_BLOCK_SIZE and args.kv_cache_memory_bytes > 0
+    assert args.additional_config == {"minipic": MARKERS}
+    gpu = parse_serve(on_cpu=False)
+    assert gpu.block_size is None and gpu.kv_cache_memory_bytes is None
+    # Every spelling vLLM accepts wins over a default (the underscore one was lost before).
+    for flags in (["--kv_cache_memory_bytes", "5"], ["--kv-cache-memory-bytes=5"]):
+        assert parse_serve(*flags).kv_cache_memory_bytes == 5
+    assert parse_serve("--block_size", "64").block_size == 64
+    assert parse_serve("--no-enable-prefix-caching").enable_prefix_caching is False
+
+
+def test_serve_merges_the_minipic_section_into_the_users_additional_config() -> None:
+    assert parse_serve("--additional-config", '{"x": 1}').additional_config == {"x": 1, "minipic": MARKERS}
+    assert parse_serve("--additional-config.x", "1").additional_config == {"x": 1, "minipic": MARKERS}
+    user = parse_serve("--additional-config", '{"minipic": {"pad_token_id": 9}, "y": [1]}')
+    assert user.additional_config == {"y": [1], "minipic": {**MARKERS, "pad_token_id": 9}}
+
+
+def test_serve_picks_markers_from_the_tokenizer_vllm_will_load(tiny_model_dir: Path) -> None:
+    args = parse_serve("--tokenizer", str(tiny_model_dir), markers=None)
+    assert args.additional_config == {"minipic": MARKERS}
+
+
+def test_plugin_allowlist_keeps_other_plugins() -> None:
     assert plugin_allowlist("other") == "other,minipic,minipic_info"
     assert {"minipic", "minipic_info"} <= set(plugin_allowlist(None).split(","))
+
+
+def test_info_names_a_local_tokenizer_by_its_absolute_path(tiny_model_dir: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tiny_model_dir.parent)
+    config = engine_config(Path(tiny_model_dir.name))
+    assert config.model_config.tokenizer == tiny_model_dir.name  # vLLM keeps it relative
+    assert server_info(config, "tiny", "id")["tokenizer"] == str(tiny_model_dir)
 
 
 @pytest.mark.parametrize(
@@ -85,6 +115,8 @@ def test_serve_arguments_merge_user_config_and_let_user_flags_win() -> None:
         (MARKERS, {"enable_prefix_caching": False}, "needs prefix caching"),
         ({**MARKERS, "pad_token_id": 50000}, {}, "pad_token_id=50000 is outside the tokenizer's vocabulary"),
         (MARKERS, {"enable_lora": True}, "does not support LoRA"),
+        (MARKERS, {"kv_cache_dtype": "fp8"}, r"quantized KV cache \(--kv-cache-dtype fp8\)"),
+        (MARKERS, {"attention_backend": "FLEX_ATTENTION"}, "--attention-backend FLEX_ATTENTION cannot be used"),
     ],
 )
 def test_engine_config_guards(tiny_model_dir: Path, markers, kwargs, message) -> None:
@@ -114,14 +146,23 @@ def _check_rope_guards() -> None:
 
 
 @pytest.mark.server
-def test_real_server_start_fails_with_the_guard_message(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--no-enable-prefix-caching"], "MiniPIC needs prefix caching"),
+        (["--kv-cache-dtype", "fp8"], "MiniPIC does not support a quantized KV cache (--kv-cache-dtype fp8)"),
+        (["--attention-backend", "FLEX_ATTENTION"], "--attention-backend FLEX_ATTENTION cannot be used with MiniPIC"),
+    ],
+)
+def test_a_refused_start_ends_with_minipics_one_line(tiny_model_dir: Path, flags, message) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "minipic_client.cli", "serve", str(tiny_model_dir),
-         "--no-enable-prefix-caching", "--port", "0"],
+        [sys.executable, "-m", "minipic_client.cli", "serve", str(tiny_model_dir), *flags, "--port", "0"],
         capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode != 0
-    assert "MiniPIC needs prefix caching" in result.stdout + result.stderr
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("minipic serve: error: ") and message in last
+    assert "Traceback" not in result.stderr
 
 
 def test_pic_picks_its_own_attention_backend_and_refuses_others(tiny_model_dir: Path) -> None:

@@ -9,6 +9,7 @@ from vllm.config import get_current_vllm_config
 from vllm.platforms import current_platform
 
 from minipic_server.config import MiniPICConfigError, pic_config_of
+from minipic_server.guards import check_attention_backend
 from minipic_server.patching import wrap_attribute
 
 CPU_BACKEND = "minipic_server.backends.cpu.PicCpuAttentionBackend"
@@ -35,11 +36,7 @@ def install() -> None:
         def get_attn_backend_cls(selected_backend: Any, *args: Any, **kwargs: Any) -> str:
             if pic_config_of(get_current_vllm_config()) is None:
                 return original(selected_backend, *args, **kwargs)
-            if selected_backend is not None and selected_backend.name not in ("CUSTOM", "CPU_ATTN"):
-                raise MiniPICConfigError(
-                    f"--attention-backend {selected_backend.name} cannot be used with MiniPIC: "
-                    "PIC needs its own attention (unrotated keys, span windows); drop the flag"
-                )
+            check_attention_backend(selected_backend)
             return _backend_for_platform()
 
         return get_attn_backend_cls

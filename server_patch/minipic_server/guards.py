@@ -46,7 +46,27 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
         )
     if model_config.get_sliding_window() is not None:
         raise MiniPICConfigError("MiniPIC does not support sliding-window attention models")
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype != "auto":
+        raise MiniPICConfigError(
+            f"MiniPIC does not support a quantized KV cache (--kv-cache-dtype {cache_dtype}): "
+            "its attention reads keys in the model's dtype; drop the flag"
+        )
+    check_attention_backend(vllm_config.attention_config.backend)
     check_marker_ids(pic, vocab_size=_tokenizer_vocab_size(model_config))
+
+
+# vLLM's names for MiniPIC's own backends (CUDA: registered as CUSTOM; CPU: replaces CPU_ATTN).
+PIC_BACKEND_NAMES = ("CUSTOM", "CPU_ATTN")
+
+
+def check_attention_backend(selected: Any) -> None:
+    """A user's --attention-backend, if any, must be MiniPIC's own."""
+    if selected is not None and selected.name not in PIC_BACKEND_NAMES:
+        raise MiniPICConfigError(
+            f"--attention-backend {selected.name} cannot be used with MiniPIC: "
+            "PIC needs its own attention (unrotated keys, span windows); drop the flag"
+        )
 
 
 def check_marker_ids(pic: PicConfig, vocab_size: int) -> None:

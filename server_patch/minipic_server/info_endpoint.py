@@ -6,6 +6,7 @@ A ``vllm.endpoint_plugins`` entry point; vLLM loads it only when it is named in
 
 from __future__ import annotations
 
+import os
 import uuid
 from argparse import Namespace
 from typing import Any
@@ -26,7 +27,7 @@ def server_info(vllm_config: Any, served_model_name: str, instance_id: str) -> d
     assert pic is not None
     return {
         "model": served_model_name,
-        "tokenizer": vllm_config.model_config.tokenizer,
+        "tokenizer": _portable(vllm_config.model_config.tokenizer),
         "block_size": vllm_config.cache_config.block_size,
         "ssep_token_id": pic.ssep_token_id,
         "pdep_token_id": pic.pdep_token_id,
@@ -37,6 +38,12 @@ def server_info(vllm_config: Any, served_model_name: str, instance_id: str) -> d
         "minipic_version": __version__,
         "instance_id": instance_id,
     }
+
+
+def _portable(tokenizer: str) -> str:
+    """A local tokenizer folder as an absolute path, readable by clients started anywhere on
+    this machine; a Hugging Face name as it is."""
+    return os.path.abspath(tokenizer) if os.path.isdir(tokenizer) else tokenizer
 
 
 class InfoEndpointPlugin:

