@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,8 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_kv_cache_groups, check_rope_class
-from minipic_server.markers import MarkerIds, pick_marker_ids
 from minipic_server.info_endpoint import server_info
+from minipic_server.markers import MarkerIds, pick_marker_ids
 from minipic_server.serve import CPU_BLOCK_SIZE, plugin_allowlist, serve_args, serve_defaults, vllm_serve_parser
 
 MARKERS = {"ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7}

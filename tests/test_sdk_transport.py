@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -199,3 +201,27 @@ def test_every_error_the_sdk_raises_is_a_minipic_error():
     public = [getattr(minipic_client, name) for name in minipic_client.__all__]
     errors = [obj for obj in public if isinstance(obj, type) and issubclass(obj, BaseException)]
     assert len(errors) >= 10 and all(issubclass(e, MiniPICError) for e in errors)
+
+
+async def test_the_first_contact_gives_up_sooner_than_a_running_client(fake_server, sdk_tokenizer):
+    """An address nothing answers at fails after connect_s; a server that goes away once
+    connected (a restart) is waited for up to total_s."""
+    policy = RetryPolicy(total_s=10.0, connect_s=0.3, initial_backoff_s=0.01, max_backoff_s=0.05)
+    down_until = float("inf")
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if time.monotonic() < down_until:
+            raise httpx.ConnectError("connection refused (injected)")
+        return await fake_server.handle(request)
+
+    client = SpanClient("http://fake", transport=httpx.MockTransport(handle), retry=policy, tokenizer=sdk_tokenizer)
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="connection refused"):
+        await client.connect()
+    assert time.monotonic() - started < 2
+
+    down_until = time.monotonic() - 1
+    async with client:
+        down_until = time.monotonic() + 1.0  # three times connect_s
+        result = await client.rag(docs=DOCS, task="q", max_tokens=2)
+    assert result.token_ids == [100, 101]

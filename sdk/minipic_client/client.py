@@ -451,7 +451,7 @@ class SpanClient:
             return
         self._info_checked_at = now
         try:
-            info = await self._fetch_info()
+            info = await self._fetch_info(quick=True)
         except (ServerError, TransportError) as exc:
             # The completion itself succeeded; the next shortfall checks again.
             logger.warning("could not re-read /minipic/info: %s", exc)

@@ -45,23 +45,30 @@ BAD_ANSWER_STATUS = 502
 class RetryPolicy:
     """Exponential backoff with full jitter, bounded in time (and in attempts if given).
 
-    Retried: connection errors, 429 and 5xx. The default waits up to two minutes,
-    long enough for a server to restart; a stream is retried only until its first
-    chunk arrives.
+    Retried: connection errors, 429 and 5xx. Once connected, a request keeps
+    trying for `total_s` (five minutes: a server restart, model loading
+    included); the first contact gives up after `connect_s`, since an address
+    nothing answers at is more likely a mistake than a restart. A stream is
+    retried only until its first chunk arrives.
     """
 
     attempts: int | None = None
-    total_s: float = 120.0
+    total_s: float = 300.0
+    connect_s: float = 30.0
     initial_backoff_s: float = 0.25
     max_backoff_s: float = 4.0
 
     def retrying(
-        self, retried: tuple[type[MiniPICError], ...] = (ServerError, TransportError)
+        self,
+        retried: tuple[type[MiniPICError], ...] = (ServerError, TransportError),
+        *,
+        quick: bool = False,
     ) -> AsyncRetrying:
         """A tenacity loop that retries `retried` errors within this policy's bounds."""
         attempts = stop_never if self.attempts is None else stop_after_attempt(self.attempts)
+        total_s = min(self.connect_s, self.total_s) if quick else self.total_s
         return AsyncRetrying(
-            stop=attempts | stop_before_delay(self.total_s),
+            stop=attempts | stop_before_delay(total_s),
             wait=wait_random_exponential(multiplier=self.initial_backoff_s, max=self.max_backoff_s),
             retry=retry_if_exception_type(retried),
             before_sleep=before_sleep_log(logger, logging.WARNING),
@@ -112,8 +119,9 @@ class Connection:
         self._http = http
         self.retry = retry
 
-    async def get_json(self, path: str) -> Any:
-        return await self.retry.retrying()(self._send_json, "GET", path, None)
+    async def get_json(self, path: str, *, quick: bool = False) -> Any:
+        """GET `path`; `quick`: retried for `connect_s` only (the first contact, restart checks)."""
+        return await self.retry.retrying(quick=quick)(self._send_json, "GET", path, None)
 
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
         return await self.retry.retrying()(self._send_json, "POST", path, body)
