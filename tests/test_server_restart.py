@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from minipic_client import RagRequest, SpanClient
@@ -48,3 +55,38 @@ async def test_client_prefills_again_after_a_restart(server_pool: ServerPool, pi
     assert first_after.cached_tokens == 0
     assert second_after.cached_tokens == expected
     assert first_after.token_ids == before.token_ids == second_after.token_ids
+
+
+def test_a_batch_survives_kill_9_of_the_server_and_leaves_no_orphans(server_pool: ServerPool, pic_server, tmp_path):
+    """kill -9 of the API server mid-batch: its engine and worker die with it, and the batch
+    waits for the restarted server and finishes with every id exactly once."""
+    samples = [
+        {"id": i, "system": "Be brief.", "docs": [f"Ferry report {i % 4}: the boat leaves at {i % 4}.\n"],
+         "task": f"Question {i}?"}
+        for i in range(40)
+    ]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8")
+    command = [sys.executable, "-m", "minipic_client.cli", "batch", str(inp), "--server", pic_server.url,
+               "--output", str(out), "--max-tokens", "16", "--max-in-flight", "2"]
+    children = psutil.Process(pic_server.process.pid).children(recursive=True)
+    assert any("EngineCore" in c.name() for c in children)
+
+    batch = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
+            time.sleep(0.05)
+        os.kill(pic_server.process.pid, signal.SIGKILL)
+        pic_server.process.wait()
+        _, orphans = psutil.wait_procs(children, timeout=20)
+        assert not orphans, f"left running: {[(p.pid, p.name()) for p in orphans]}"
+        written_before_restart = out.read_text().count("\n")
+        server_pool.restart()
+        _, stderr = batch.communicate(timeout=600)
+    finally:
+        batch.kill()
+    assert batch.returncode == 0, stderr
+    assert 3 <= written_before_restart < len(samples), "the server was not killed mid-batch"
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == list(range(len(samples)))
