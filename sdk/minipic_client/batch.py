@@ -261,13 +261,14 @@ def _opened(path: Path, mode: str) -> Iterator[IO[Any]]:
 async def run_batch(
     client: SpanClient,
     samples: Sequence[Sample],
-    results: ResultFile,
+    results: ResultFile | Path,
     *,
     strategy: Strategy = Strategy.ISPS,
     window: int | None = None,
     on_done: Callable[[Sample, RagResult | MiniPICError], None] | None = None,
 ) -> BatchSummary:
-    """Run `samples`, appending one line per completed sample to `results`.
+    """Run `samples`, appending one line per completed sample to `results` (an open
+    `ResultFile`, or a path to open as one for this run).
 
     A sample whose text is bad, or that the server or the client rejects
     (`PromptError`, `RequestError`), is reported through `on_done` and left out of
@@ -275,6 +276,9 @@ async def run_batch(
     after retries, a changed server) stops the run: every sample would fail the
     same way.
     """
+    if isinstance(results, Path):
+        with ResultFile(results) as opened:
+            return await run_batch(client, samples, opened, strategy=strategy, window=window, on_done=on_done)
     summary = BatchSummary()
     started = time.perf_counter()
     sendable = []

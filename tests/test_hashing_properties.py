@@ -1,0 +1,120 @@
+"""Property tests of the marker-aware block hasher against stock vLLM hashing (hypothesis).
+
+Random prompts with SSep, PDep and pad tokens anywhere, random block sizes, with
+and without a cache salt and generated tokens. The rule, stated with vLLM's own
+hasher as the reference:
+
+- a block in a span (from an SSep block start up to the next marker block start)
+  hashes as stock vLLM hashes the prompt that starts at that SSep block:
+  independent of everything before the span;
+- every other block (before any marker block, or from a PDep block start on)
+  hashes as stock vLLM hashes the whole prompt: dependent on every earlier token;
+- only prompt tokens at block starts are markers: anywhere else, and in
+  generated tokens, SSep/PDep/pad are ordinary tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+
+from minipic_server.config import PicConfig
+from minipic_server.hashing import make_pic_block_hasher
+
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3)
+SSEP, PDEP, PAD = PIC.marker_ids
+# Few distinct ordinary tokens, so that equal blocks (and would-be false hits) are common.
+TOKENS = st.one_of(st.integers(10, 13), st.sampled_from(PIC.marker_ids))
+SALTS = st.one_of(st.none(), st.sampled_from(["alice", "bob"]))
+EXAMPLES = 2000
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _none_hash() -> None:
+    init_none_hash(sha256)
+
+
+def request(prompt: list[int], block_size: int, salt: str | None, *, pic: bool, generated: list[int] = ()) -> Request:
+    hasher = make_pic_block_hasher(block_size, sha256, PIC) if pic else get_request_block_hasher(block_size, sha256)
+    r = Request("r", prompt, SamplingParams(max_tokens=len(generated) + 1), None, cache_salt=salt,
+                block_hasher=hasher)
+    for token in generated:
+        r.append_output_token_ids([token])
+    return r
+
+
+def stock(tokens: list[int], block_size: int, salt: str | None) -> list:
+    return request(tokens, block_size, salt, pic=False).block_hashes
+
+
+def expected(prompt: list[int], generated: list[int], block_size: int, salt: str | None) -> list:
+    """The rule above, block by block, from stock hashes of the prompt or of a span's suffix."""
+    tokens = prompt + generated
+    whole = stock(tokens, block_size, salt)
+    out, opener = [], None  # opener: the start of the current span, None outside spans
+    for i in range(len(tokens) // block_size):
+        start = i * block_size
+        first = tokens[start] if start < len(prompt) else None  # generated tokens are never markers
+        if first == SSEP:
+            opener = start
+        elif first == PDEP:
+            opener = None
+        out.append(whole[i] if opener is None else stock(tokens[opener:], block_size, salt)[i - opener // block_size])
+    return out
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompt=st.lists(TOKENS, max_size=64), block_size=st.integers(1, 8), salt=SALTS)
+def test_every_block_hashes_by_the_rule(prompt, block_size, salt):
+    assert request(prompt, block_size, salt, pic=True).block_hashes == expected(prompt, [], block_size, salt)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(prompt=st.lists(TOKENS, max_size=64), block_size=st.integers(1, 8), salt=SALTS)
+def test_prompts_without_marker_block_starts_hash_as_stock_vllm(prompt, block_size, salt):
+    plain = [10 if i % block_size == 0 and t in (SSEP, PDEP) else t for i, t in enumerate(prompt)]
+    assert request(plain, block_size, salt, pic=True).block_hashes == stock(plain, block_size, salt)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    before=st.lists(TOKENS, max_size=40), other=st.lists(TOKENS, max_size=40),
+    span=st.lists(TOKENS, min_size=1, max_size=32), block_size=st.integers(1, 8), salt=SALTS,
+)
+def test_a_span_hashes_the_same_after_any_prefix(before, other, span, block_size, salt):
+    pad = lambda ids: ids + [PAD] * (-len(ids) % block_size)  # noqa: E731
+    span = [SSEP, *(10 if i % block_size == 0 and t in (SSEP, PDEP) else t for i, t in enumerate(span, 1))]
+    a, b = pad(before), pad(other)
+    first = request(a + span, block_size, salt, pic=True).block_hashes[len(a) // block_size :]
+    second = request(b + span, block_size, salt, pic=True).block_hashes[len(b) // block_size :]
+    assert first == second == request(span, block_size, salt, pic=True).block_hashes
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None)
+@given(
+    prompt=st.lists(TOKENS, min_size=1, max_size=48), generated=st.lists(TOKENS, max_size=24),
+    block_size=st.integers(1, 8), salt=SALTS,
+)
+def test_generated_markers_are_ordinary_tokens(prompt, generated, block_size, salt):
+    hashes = request(prompt, block_size, salt, pic=True, generated=generated).block_hashes
+    assert hashes == expected(prompt, generated, block_size, salt)
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None)
+@given(prompt=st.lists(TOKENS, min_size=2, max_size=48), block_size=st.integers(1, 8), data=st.data())
+def test_a_pdep_block_depends_on_every_earlier_token(prompt, block_size, data):
+    blocks = len(prompt) // block_size
+    assume(blocks >= 2)
+    target = data.draw(st.integers(1, blocks - 1))
+    prompt = prompt[:]
+    prompt[target * block_size] = PDEP
+    changed = data.draw(st.integers(0, target * block_size - 1))
+    other = prompt[:]
+    other[changed] = 99  # an ordinary token no prompt holds
+    assert (request(prompt, block_size, None, pic=True).block_hashes[target]
+            != request(other, block_size, None, pic=True).block_hashes[target])
