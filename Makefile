@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 TINY_MODEL ?= .tiny-model
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast tiny-model lint clean
+.PHONY: venv demo test test-fast tiny-model lint clean reliability
 
 venv:
 	VENV=$(VENV) bash tools/bootstrap-venv.sh
@@ -23,6 +23,12 @@ test: venv
 # Unit tests only: no vLLM server is started.
 test-fast: venv
 	$(PY) -m pytest -ra -m "not server" $(PYTEST_ARGS)
+
+# The long reliability runs behind docs/reliability.md: the hasher's property tests with
+# 20,000 examples each, then 2,000 and 5,000 `rag` calls at the server's concurrency cap.
+reliability: venv tiny-model
+	MINIPIC_PROPERTY_EXAMPLES=20000 $(PY) -m pytest -ra --hypothesis-show-statistics tests/test_hashing_properties.py
+	flock /tmp/minipic-test-server.lock $(PY) benchmarks/reliability_load.py --model $(TINY_MODEL) --calls 2000 5000
 
 lint: venv
 	$(VENV)/bin/ruff check .

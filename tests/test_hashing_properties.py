@@ -15,6 +15,8 @@ hasher as the reference:
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -31,7 +33,8 @@ SSEP, PDEP, PAD = PIC.marker_ids
 # Few distinct ordinary tokens, so that equal blocks (and would-be false hits) are common.
 TOKENS = st.one_of(st.integers(10, 13), st.sampled_from(PIC.marker_ids))
 SALTS = st.one_of(st.none(), st.sampled_from(["alice", "bob"]))
-EXAMPLES = 2000
+# `make reliability` runs 20,000 per property.
+EXAMPLES = int(os.environ.get("MINIPIC_PROPERTY_EXAMPLES", "2000"))
 
 
 @pytest.fixture(scope="module", autouse=True)
