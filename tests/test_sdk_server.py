@@ -256,3 +256,16 @@ def test_batch_killed_mid_run_resumes_with_every_id_once(pic_server, tmp_path):
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == sorted(s["id"] for s in samples)
     assert "samples/s" in done.stderr and "TTFT p50" in done.stderr
+
+
+async def test_load_at_the_concurrency_cap_has_no_failures(pic_server):
+    """CI's short version of `make reliability`: 300 calls, max_num_seqs in flight."""
+    pool = fresh_docs(40)
+    requests = [RagRequest(f"Question {i}?", [pool[(i * 7 + k) % 40] for k in range(3)], SYSTEM, max_tokens=4)
+                for i in range(300)]
+    async with SpanClient(pic_server.url) as client:
+        outcomes = [outcome async for _, outcome in client.rag_many(requests)]
+    failures = [o for o in outcomes if not isinstance(o, RagResult)]
+    assert not failures, failures[:3]
+    cached = sum(o.cached_tokens for o in outcomes) / sum(o.prompt_tokens for o in outcomes)
+    assert cached > 0.8
