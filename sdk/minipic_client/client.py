@@ -415,14 +415,19 @@ class SpanClient:
             return exc
 
     async def _complete(self, job: _Job, started: float) -> RagResult:
-        """`_answer` collected. A stream that broke midway (a server restart) is asked
+        """`_answer` collected. A stream that broke midway (a server restart) is sent
         again: unlike `rag_stream`, nothing was handed out yet, so nothing repeats."""
-        async for attempt in self._conn.retry.retrying((StreamInterruptedError,)):
-            with attempt:
-                completion = _Completion()
-                async with aclosing(self._answer(job, completion)) as deltas:
-                    async for _ in deltas:
-                        pass
+        try:
+            return await self._collect(job, started)
+        except StreamInterruptedError as exc:
+            logger.warning("%s: sending it again", exc)
+        return await self._conn.retry.retrying((StreamInterruptedError,))(self._collect, job, started)
+
+    async def _collect(self, job: _Job, started: float) -> RagResult:
+        completion = _Completion()
+        async with aclosing(self._answer(job, completion)) as deltas:
+            async for _ in deltas:
+                pass
         return completion.result(started, job.layout)
 
     async def _answer(self, job: _Job, completion: _Completion) -> AsyncGenerator[str, None]:
