@@ -13,7 +13,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda
 
-from minipic_client import RagResult, SpanRAG
+from minipic_client import ConfigError, RagResult, SpanRAG
 
 pytest_plugins = ["sdk_fixtures"]  # fake_server, fake_client, sdk_tokenizer
 
@@ -81,7 +81,7 @@ async def test_span_rag_takes_duck_typed_retrievers(fake_server, retriever, fake
 
 async def test_span_rag_refuses_what_is_not_a_retriever(fake_server, fake_client):
     async with fake_client() as client:
-        with pytest.raises(TypeError, match="not a retriever"):
+        with pytest.raises(ConfigError, match="not a retriever"):
             SpanRAG(object(), client)
         with pytest.raises(NotImplementedError, match="ainvoke"):
             SpanRAG(SyncRetriever(), client).invoke("q")

@@ -79,7 +79,7 @@ class Epic:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ValueError(f"Epic(k={self.k}): k must be at least 1 (k=0 is BlockAttention)")
+            raise PromptError(f"Epic(k={self.k}): k must be at least 1 (k=0 is BlockAttention)")
 
     def span(self, text: str) -> Span:
         return Span(text, recompute_blocks=self.k)
@@ -230,7 +230,7 @@ def _segments(parts: Sequence[Part]) -> list[tuple[_Opener, tuple[Text, ...]]]:
         elif isinstance(part, (Span, Dependent)):
             groups.append((part, []))
         else:
-            raise TypeError(f"not a prompt part: {part!r}")
+            raise PromptError(f"not a prompt part (Text, Span or Dependent): {part!r}")
     return [(opener, tuple(texts)) for opener, texts in groups]
 
 

@@ -12,6 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from minipic_client.client import RagResult
+from minipic_client.errors import ConfigError
 
 if TYPE_CHECKING:
     from minipic_client.client import SpanClient
@@ -42,7 +43,7 @@ class SpanRAG(_Base):
         **rag_options: Any,
     ) -> None:
         if not (hasattr(retriever, "ainvoke") or hasattr(retriever, "invoke")):
-            raise TypeError(
+            raise ConfigError(
                 f"{type(retriever).__name__} is not a retriever: it has no ainvoke/invoke"
             )
         self.retriever = retriever
