@@ -269,3 +269,19 @@ async def test_load_at_the_concurrency_cap_has_no_failures(pic_server):
     assert not failures, failures[:3]
     cached = sum(o.cached_tokens for o in outcomes) / sum(o.prompt_tokens for o in outcomes)
     assert cached > 0.8
+
+
+async def test_cache_salts_isolate_spans_and_equal_salts_share_them(pic_server):
+    docs = [d * 3 for d in fresh_docs(2)]  # several blocks each, so a hit shows in cached_tokens
+
+    async def span_prefills(salt: str) -> list[int | None]:
+        events: list[RequestEvent] = []
+        async with SpanClient(pic_server.url, cache_salt=salt, on_request=events.append) as client:
+            await client.rag(system=SYSTEM, docs=docs, task="Which mill?", max_tokens=1)
+        return [e.cached_tokens for e in events if e.kind == "span"]
+
+    first = await span_prefills("alice")
+    other = await span_prefills("bob")
+    again = await span_prefills("alice")
+    assert first == other == [0, 0]  # bob does not hit alice's spans
+    assert all(cached and cached >= 32 for cached in again)  # alice's second client does
