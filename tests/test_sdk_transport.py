@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -225,3 +226,12 @@ async def test_the_first_contact_gives_up_sooner_than_a_running_client(fake_serv
         down_until = time.monotonic() + 1.0  # three times connect_s
         result = await client.rag(docs=DOCS, task="q", max_tokens=2)
     assert result.token_ids == [100, 101]
+
+
+@pytest.mark.parametrize("raised", [ConnectionResetError("reset by peer"), asyncio.TimeoutError()])
+async def test_socket_errors_a_transport_leaves_unmapped_are_transport_errors(raised):
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise raised
+
+    with pytest.raises(TransportError):
+        await connection(fail).get_json("/minipic/info")

@@ -6,6 +6,7 @@ error leaves this module as a `MiniPICError`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Iterator
@@ -183,6 +184,8 @@ def _httpx_errors(what: str) -> Iterator[None]:
     except (httpx.DecodingError, httpx.TooManyRedirects, SSEError) as exc:  # SSEError is an httpx.TransportError
         raise ServerError(BAD_ANSWER_STATUS, f"{what}: unreadable answer: {exc}") from exc
     except httpx.TransportError as exc:
+        raise TransportError(f"{what}: {exc!r}") from exc
+    except (OSError, asyncio.TimeoutError) as exc:  # what a transport (aiohttp's) may leave unmapped
         raise TransportError(f"{what}: {exc!r}") from exc
 
 
