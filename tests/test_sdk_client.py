@@ -268,3 +268,13 @@ async def test_prefill_requests_hold_a_slot_per_prompt(fake_server, fake_client)
     assert len(fake_server.of_kind("span")) == 20
     assert fake_server.http_requests == 3 + 1
     assert fake_server.peak_in_flight <= fake_server.info["max_num_seqs"]
+
+
+async def test_a_batch_of_mixed_salts_sends_each_salts_prefills_apart(fake_server, fake_client):
+    requests = [RagRequest(f"q{i}", DOCS[:2], SYSTEM, max_tokens=1, cache_salt=salt)
+                for i, salt in enumerate(["a", "b", "a", None])]
+    async with fake_client() as client:
+        outcomes = [o async for _, o in client.rag_many(requests, strategy=Strategy.BATCHED)]
+    assert all(isinstance(o, RagResult) for o in outcomes)
+    prefills = sorted((r.body.get("cache_salt") or "", r.kind) for r in fake_server.requests if r.kind != "final")
+    assert prefills == [(salt, kind) for salt in ("", "a", "b") for kind in ("prefix", "span", "span")]
