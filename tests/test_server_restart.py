@@ -19,7 +19,7 @@ from minipic_client import RagRequest, SpanClient
 
 from pic_reference import HFReference, dependent, flatten, random_tokens, span, system
 from server_api import complete, max_logprob_diff, prefill
-from servers import ServerPool
+from servers import ServerPool, ServerSpec
 
 pytestmark = pytest.mark.server
 
@@ -57,9 +57,10 @@ async def test_client_prefills_again_after_a_restart(server_pool: ServerPool, pi
     assert first_after.token_ids == before.token_ids == second_after.token_ids
 
 
-def test_a_batch_survives_kill_9_of_the_server_and_leaves_no_orphans(server_pool: ServerPool, pic_server, tmp_path):
+def test_a_batch_survives_kill_9_of_the_server_and_leaves_no_orphans(server_pool: ServerPool, tmp_path):
     """kill -9 of the API server mid-batch: its engine and worker die with it, and the batch
     waits for the restarted server and finishes with every id exactly once."""
+    pic_server = server_pool.get(ServerSpec())  # the live one: earlier tests here restart it
     samples = [
         {"id": i, "system": "Be brief.", "docs": [f"Ferry report {i % 4}: the boat leaves at {i % 4}.\n"],
          "task": f"Question {i}?"}
