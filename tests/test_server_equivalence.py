@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from minipic_client import ConfigError, RagRequest, SpanClient, Strategy
+
 from pic_reference import random_tokens
 from server_api import Completion, complete, max_logprob_diff
 from servers import ServerPool, ServerSpec
@@ -33,6 +35,27 @@ def run_all(pool: ServerPool, spec: ServerSpec) -> list[Completion]:
 @pytest.fixture(scope="module")
 def stock_results(server_pool: ServerPool) -> list[Completion]:
     return run_all(server_pool, STOCK)
+
+
+async def test_sdk_sends_plain_prompts_to_a_stock_server(
+    server_pool: ServerPool, stock_results, tiny_model_dir
+) -> None:
+    """The SDK's baseline runs against stock vLLM (comparisons); span strategies are refused."""
+    server = server_pool.get(STOCK)
+    docs = ["The mill stood by the river.\n", "The school had four rooms.\n"]
+    client = SpanClient(server.url, tokenizer=tiny_model_dir, max_in_flight=4, allow_stock_server=True)
+    async with client:
+        assert not client.info.pic
+        result = await client.rag(docs=docs, task="Which mill?", max_tokens=6, strategy=Strategy.BASELINE)
+        layout = client.rag_layout(RagRequest("Which mill?", docs), strategy=Strategy.BASELINE)
+        with pytest.raises(ConfigError, match="stock vLLM server"):
+            await client.rag(docs=docs, task="Which mill?", strategy=Strategy.ISPS)
+    by_hand = complete(server, layout.token_ids, max_tokens=6)
+    assert result.token_ids == by_hand.token_ids
+    assert result.prompt_tokens == len(layout.token_ids)
+    with pytest.raises(ConfigError, match="not a MiniPIC server"):
+        async with SpanClient(server.url, tokenizer=tiny_model_dir):
+            pass
 
 
 @pytest.mark.parametrize("spec", [PLUGIN_INACTIVE, PIC_ACTIVE], ids=["plugin-inactive", "pic-active"])
