@@ -184,16 +184,21 @@ def summarise(questions: list[Question], answers: dict[str, list[dict[str, Any]]
     for name, results in answers.items():
         correct = [is_correct(r["text"], q.answer) for q, r in zip(questions, results)]
         full_correct = [is_correct(r["text"], q.answer) for q, r in zip(questions, full)]
-        by_kind = {}
-        for kind in sorted({q.kind for q in questions}):
-            picked = [c for q, c in zip(questions, correct) if q.kind == kind]
-            by_kind[kind] = round(sum(picked) / len(picked), 4)
+        by_kind = {
+            kind: _share([c for q, c in zip(questions, correct) if q.kind == kind])
+            for kind in sorted({q.kind for q in questions})
+        }
+        by_position = [
+            _share([c for q, c in zip(questions, correct) if q.gold_position == position])
+            for position in range(max(q.gold_position for q in questions) + 1)
+        ]
         prompt_tokens = sum(r["prompt_tokens"] for r in results)
         summary[name] = {
             "description": LAYOUTS[name],
             "accuracy": round(sum(correct) / len(correct), 4),
             "correct": sum(correct),
             "accuracy_by_kind": by_kind,
+            "accuracy_by_answer_position": by_position,
             "same_text_as_full": round(sum(r["text"] == f["text"] for r, f in zip(results, full)) / len(full), 4),
             "same_verdict_as_full": round(sum(a == b for a, b in zip(correct, full_correct)) / len(full), 4),
             "cached_fraction": round(sum(r["cached_tokens"] or 0 for r in results) / prompt_tokens, 4),
@@ -201,6 +206,10 @@ def summarise(questions: list[Question], answers: dict[str, list[dict[str, Any]]
             "mean_prompt_tokens": round(prompt_tokens / len(results), 1),
         }
     return summary
+
+
+def _share(flags: list[bool]) -> float | None:
+    return round(sum(flags) / len(flags), 4) if flags else None
 
 
 async def run(url: str, questions: list[Question], texts: list[str], layouts: list[str], max_tokens: int,
@@ -271,7 +280,10 @@ def main() -> None:
         },
         "summary": summarise(questions, answers),
         "questions": [
-            {**asdict(q), "answers": {name: answers[name][i]["text"] for name in layouts}}
+            {**asdict(q), "answers": {
+                name: {**answers[name][i], "correct": is_correct(answers[name][i]["text"], q.answer)}
+                for name in layouts
+            }}
             for i, q in enumerate(questions)
         ],
     }
