@@ -1,6 +1,5 @@
 """Draw the accuracy study's figure from its JSON (``benchmarks/accuracy.py`` writes it).
 
-    pip install "minipic[bench]"   # matplotlib
     python benchmarks/plot_accuracy.py benchmarks/results/accuracy-smollm2-cpu.json docs/accuracy.png
 """
 
