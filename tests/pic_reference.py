@@ -17,8 +17,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 BLOCK_SIZE = 16
-BOS, SSEP, PDEP, PAD = 0, 5, 6, 7  # the tiny model's special ids
-FIRST_TEXT_ID, VOCAB = 8, 2048
 
 
 @dataclass(frozen=True)
@@ -27,26 +25,42 @@ class Segment:
     span: bool = False
 
 
-def padded(tokens: list[int]) -> list[int]:
-    return tokens + [PAD] * (-len(tokens) % BLOCK_SIZE)
+@dataclass(frozen=True)
+class Vocabulary:
+    """The ids a test prompt is built from: BOS (None: the model has none), markers, ordinary text."""
+
+    bos: int | None
+    ssep: int
+    pdep: int
+    pad: int
+    text_ids: range
+
+    @property
+    def markers(self) -> list[int]:
+        return [self.ssep, self.pdep, self.pad]
+
+    def padded(self, tokens: list[int]) -> list[int]:
+        return tokens + [self.pad] * (-len(tokens) % BLOCK_SIZE)
+
+    def random_tokens(self, rng: random.Random, n: int) -> list[int]:
+        return [rng.randrange(self.text_ids.start, self.text_ids.stop) for _ in range(n)]
+
+    def system(self, tokens: list[int]) -> Segment:
+        """The prompt's start, padded to a block boundary."""
+        head = [] if self.bos is None else [self.bos]
+        return Segment(tuple(self.padded([*head, *tokens])))
+
+    def span(self, tokens: list[int]) -> Segment:
+        """An SSep span padded to a block boundary."""
+        return Segment(tuple(self.padded([self.ssep, *tokens])), span=True)
+
+    def dependent(self, tokens: list[int]) -> Segment:
+        """A PDep tail: sees the whole prompt before it."""
+        return Segment((self.pdep, *tokens))
 
 
-def random_tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(FIRST_TEXT_ID, VOCAB) for _ in range(n)]
-
-
-def system(tokens: list[int]) -> Segment:
-    return Segment(tuple(padded([BOS, *tokens])))
-
-
-def span(tokens: list[int]) -> Segment:
-    """An SSep span padded to a block boundary."""
-    return Segment(tuple(padded([SSEP, *tokens])), span=True)
-
-
-def dependent(tokens: list[int]) -> Segment:
-    """A PDep tail: sees the whole prompt before it."""
-    return Segment((PDEP, *tokens))
+TINY = Vocabulary(bos=0, ssep=5, pdep=6, pad=7, text_ids=range(8, 2048))  # the tiny model's ids
+padded, random_tokens, system, span, dependent = TINY.padded, TINY.random_tokens, TINY.system, TINY.span, TINY.dependent
 
 
 def flatten(segments: list[Segment]) -> list[int]:
@@ -62,10 +76,11 @@ def window_starts(segments: list[Segment]) -> list[int]:
 
 
 class HFReference:
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, vocabulary: Vocabulary = TINY) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="eager"
         ).eval()
+        self.markers = vocabulary.markers
 
     @torch.no_grad()
     def greedy_top_logprobs(
@@ -87,7 +102,7 @@ class HFReference:
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             best = torch.topk(logprobs, top)  # vLLM reports logprobs before any banning
             tops.append({int(i): float(v) for v, i in zip(best.values, best.indices)})
-            logprobs[[SSEP, PDEP, PAD]] = float("-inf")  # the server never samples markers
+            logprobs[self.markers] = float("-inf")  # the server never samples markers
             token = int(torch.argmax(logprobs))
             generated.append(token)
             ids.append(token)

@@ -34,12 +34,14 @@ COMMON_ARGS = (
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """How to start a server: PIC (`minipic serve`) or stock vLLM, and extra arguments."""
+    """How to start a server: PIC (`minipic serve`) or stock vLLM, extra arguments, and a model
+    other than the pool's (the tiny model)."""
 
     pic: bool = True
     load_plugins: bool = True
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    model_dir: Path | None = None
 
     def argv(self, model_dir: Path, port: int) -> list[str]:
         argv = serve_argv(model_dir, port, (*COMMON_ARGS, *self.extra_args))
@@ -73,6 +75,7 @@ class RunningServer:
 
 
 def start(spec: ServerSpec, model_dir: Path, log_dir: Path, port: int | None = None) -> RunningServer:
+    model_dir = spec.model_dir or model_dir
     port = port or free_port()
     log_path = log_dir / f"server-{port}-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:

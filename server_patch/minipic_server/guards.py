@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from minipic_server.config import MiniPICConfigError, PicConfig
-from minipic_server.markers import load_tokenizer
+from minipic_server.markers import MarkerIds, check_marker_ids, load_tokenizer
 
 # RoPE classes whose rotation is fully described by (cos_sin_cache, rotary_dim, is_neox_style),
 # which is what the attention backends re-apply to keys. Exact class names, not isinstance:
@@ -53,7 +53,7 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
             "its attention reads keys in the model's dtype; drop the flag"
         )
     check_attention_backend(vllm_config.attention_config.backend)
-    check_marker_ids(pic, vocab_size=_tokenizer_vocab_size(model_config))
+    check_markers(pic, model_config)
 
 
 # vLLM's names for MiniPIC's own backends (CUDA: registered as CUSTOM; CPU: replaces CPU_ATTN).
@@ -69,12 +69,19 @@ def check_attention_backend(selected: Any) -> None:
         )
 
 
-def check_marker_ids(pic: PicConfig, vocab_size: int) -> None:
+def check_markers(pic: PicConfig, model_config: Any) -> None:
+    """Marker ids must fit the embedding table and follow `minipic_server.markers`' rule."""
+    embedding_rows = model_config.get_vocab_size()
     for name, token_id in zip(("ssep_token_id", "pdep_token_id", "pad_token_id"), pic.marker_ids):
-        if token_id >= vocab_size:
+        if token_id >= embedding_rows:
             raise MiniPICConfigError(
-                f"minipic.{name}={token_id} is outside the tokenizer's vocabulary (size {vocab_size})"
+                f"minipic.{name}={token_id} is outside the model's embedding table (size {embedding_rows})"
             )
+    if not model_config.skip_tokenizer_init:
+        tokenizer = load_tokenizer(
+            model_config.tokenizer, model_config.tokenizer_revision, model_config.trust_remote_code
+        )
+        check_marker_ids(tokenizer, MarkerIds(*pic.marker_ids))
 
 
 def check_kv_cache_groups(num_groups: int) -> None:
@@ -92,14 +99,3 @@ def check_rope_class(rope: Any, layer_name: str) -> None:
             f"MiniPIC cannot re-apply {name} to keys (layer {layer_name}); "
             f"supported RoPE classes: {sorted(SUPPORTED_ROPE_CLASSES)}"
         )
-
-
-def _tokenizer_vocab_size(model_config: Any) -> int:
-    """The smaller of the tokenizer's and the embedding table's sizes: a marker must fit both."""
-    embedding_rows = model_config.get_vocab_size()
-    if model_config.skip_tokenizer_init:
-        return embedding_rows
-    tokenizer = load_tokenizer(
-        model_config.tokenizer, model_config.tokenizer_revision, model_config.trust_remote_code
-    )
-    return min(len(tokenizer), embedding_rows)

@@ -1,34 +1,45 @@
-"""Choosing the marker token ids (SSep, PDep, pad) for a tokenizer.
+"""Marker tokens (SSep, PDep, pad): one rule for what may be one, used to pick them and to check them.
 
-Markers must be dedicated special tokens: a user's text can then never produce
-them by accident (the reference fork's '+' and '@' could).
+A marker changes how the server hashes and attends, so only a token-id prompt that means it
+may contain it. A token id may be a marker when
+
+- it is an added *special* token: ordinary vocabulary tokens (``}``) come out of text;
+- encoding text never produces it: it is not a token the tokenizer inserts by itself (BOS,
+  EOS), nor BOS at all, nor the unknown token, and its own characters, encoded as text, give
+  other ids;
+- the chat template never emits it: its text is not in the template, nor in a rendered
+  conversation;
+- it is not the end-of-sequence token (markers are banned from generation, EOS must not be).
+
+The reference fork used ``+`` and ``@``, which any user text produces.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass, fields
+from typing import Any
+
+from minipic_server.config import MiniPICConfigError
 
 # Dedicated tokens of the embedded tiny model (and of any tokenizer that adds them).
 SSEP_TOKEN = "<|minipic_ssep|>"
 PDEP_TOKEN = "<|minipic_pdep|>"
 PAD_TOKEN = "<|minipic_pad|>"
 
-# Llama 3 ships 250 unused special tokens; these three are never emitted by its
-# instruct models and are not part of its chat template.
-LLAMA3_SSEP_TOKEN = "<|reserved_special_token_10|>"
-LLAMA3_PDEP_TOKEN = "<|reserved_special_token_11|>"
-LLAMA3_PAD_TOKEN = "<|reserved_special_token_12|>"
-
-_CANDIDATES = (
+# Preferred names, tried in order before the general choice, so that ids stay what
+# deployments already use: MiniPIC's own tokens, then three of Llama 3's 250 reserved ones.
+PREFERRED_NAMES = (
     (SSEP_TOKEN, PDEP_TOKEN, PAD_TOKEN),
-    (LLAMA3_SSEP_TOKEN, LLAMA3_PDEP_TOKEN, LLAMA3_PAD_TOKEN),
+    ("<|reserved_special_token_10|>", "<|reserved_special_token_11|>", "<|reserved_special_token_12|>"),
 )
 
-
-class _Vocab(Protocol):
-    def get_vocab(self) -> dict[str, int]: ...
+_SAMPLE_CONVERSATIONS = (
+    [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+     {"role": "user", "content": "u"}],
+    [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}],
+)
 
 
 @dataclass(frozen=True)
@@ -46,14 +57,102 @@ def load_tokenizer(name: str, revision: str | None = None, trust_remote_code: bo
     return AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
 
 
-def pick_marker_ids(tokenizer: _Vocab) -> MarkerIds:
-    """Marker ids from the first candidate set the tokenizer fully contains."""
-    vocab = tokenizer.get_vocab()
-    for names in _CANDIDATES:
-        if all(name in vocab for name in names):
-            return MarkerIds(*(vocab[name] for name in names))
-    raise ValueError(
-        "cannot pick MiniPIC marker tokens for this tokenizer: it has neither "
-        f"{SSEP_TOKEN}/{PDEP_TOKEN}/{PAD_TOKEN} nor Llama 3's reserved special tokens; "
-        "pass --ssep-token-id, --pdep-token-id and --pad-token-id (ids of unused special tokens)"
-    )
+class MarkerRule:
+    """Which ids of one tokenizer may be markers, and why the others may not."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._special = {
+            token_id: added.content
+            for token_id, added in tokenizer.added_tokens_decoder.items()
+            if added.special
+        }
+        with_specials = tokenizer.encode("a", add_special_tokens=True)
+        self._inserted = set(with_specials) - set(tokenizer.encode("a", add_special_tokens=False))
+        self._template_sources, self._template_ids = _chat_template_output(tokenizer)
+
+    def problem(self, token_id: int) -> str | None:
+        """Why `token_id` cannot be a marker, or None when it can."""
+        tokenizer = self._tokenizer
+        if not 0 <= token_id < len(tokenizer):
+            return f"it is outside the tokenizer's vocabulary (size {len(tokenizer)})"
+        content = self._special.get(token_id)
+        if content is None:
+            text = tokenizer.convert_ids_to_tokens(token_id)
+            return f"{text!r} is an ordinary token, which text produces (a marker must be an unused special token)"
+        if token_id in self._inserted or token_id == tokenizer.bos_token_id:
+            return f"{content!r} is inserted into prompts by the tokenizer (BOS/EOS)"
+        if token_id == tokenizer.unk_token_id:
+            return f"{content!r} is the unknown token, which text produces"
+        if token_id == tokenizer.eos_token_id:
+            return f"{content!r} ends generation, and markers are banned from generation"
+        if token_id in self._template_ids or any(content in source for source in self._template_sources):
+            return f"the chat template emits {content!r}"
+        if token_id in tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]:
+            return f"encoding the text {content!r} produces it"
+        return None
+
+    def valid_ids(self) -> list[int]:
+        return [token_id for token_id in sorted(self._special) if self.problem(token_id) is None]
+
+    def pick(self) -> MarkerIds:
+        """The first preferred name set that is valid, else the last three valid ids.
+
+        Tokenizers list their working special tokens first and unused ones last.
+        """
+        vocab = self._tokenizer.get_vocab()
+        for names in PREFERRED_NAMES:
+            ids = [vocab.get(name) for name in names]
+            if all(token_id is not None and self.problem(token_id) is None for token_id in ids):
+                return MarkerIds(*ids)
+        valid = self.valid_ids()
+        if len(valid) < 3:
+            raise MiniPICConfigError(
+                f"cannot pick MiniPIC markers: this tokenizer has {len(valid)} unused special tokens "
+                f"({_ids(valid)}), 3 are needed; add special tokens to the tokenizer and pass "
+                "--ssep-token-id, --pdep-token-id and --pad-token-id"
+            )
+        return MarkerIds(*valid[-3:])
+
+    def check(self, markers: MarkerIds) -> None:
+        """Refuse, in one line, the first marker id that breaks the rule."""
+        for field, token_id in zip(fields(markers), astuple(markers)):
+            problem = self.problem(token_id)
+            if problem is not None:
+                raise MiniPICConfigError(
+                    f"{field.name}={token_id} cannot be a MiniPIC marker: {problem}; "
+                    f"unused special tokens of this tokenizer: {_ids(self.valid_ids())}"
+                )
+
+
+def pick_marker_ids(tokenizer: Any) -> MarkerIds:
+    return MarkerRule(tokenizer).pick()
+
+
+def check_marker_ids(tokenizer: Any, markers: MarkerIds) -> None:
+    MarkerRule(tokenizer).check(markers)
+
+
+def _chat_template_output(tokenizer: Any) -> tuple[list[str], set[int]]:
+    """The template's source texts, and the ids of sample conversations rendered through it."""
+    from jinja2 import TemplateError
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return [], set()
+    sources = list(template.values()) if isinstance(template, dict) else [template]
+    ids: set[int] = set()
+    for conversation in _SAMPLE_CONVERSATIONS:
+        try:
+            rendered = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        except (TemplateError, ValueError):  # a template may refuse a role order; the other sample covers it
+            continue
+        ids.update(tokenizer.encode(rendered, add_special_tokens=False))
+    return sources, ids
+
+
+def _ids(ids: Sequence[int]) -> str:
+    """A short list of ids, e.g. ``3, 4, 5, ..., 16 (14 ids)``."""
+    if len(ids) <= 6:
+        return ", ".join(map(str, ids)) or "none"
+    return f"{', '.join(map(str, ids[:3]))}, ..., {', '.join(map(str, ids[-3:]))} ({len(ids)} ids)"

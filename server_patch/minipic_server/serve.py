@@ -18,7 +18,7 @@ from typing import Any
 from minipic_server import lifetime
 from minipic_server.config import CONFIG_KEY, MiniPICConfigError, PicConfig
 from minipic_server.info_endpoint import ENDPOINT_PLUGIN_NAME
-from minipic_server.markers import MarkerIds, load_tokenizer, pick_marker_ids
+from minipic_server.markers import MarkerIds, MarkerRule, load_tokenizer
 
 # What PIC needs from vLLM; the plugin's guards refuse a user's flag that turns one off.
 _PIC_DEFAULTS = {"enable_prefix_caching": True, "enable_prompt_tokens_details": True}
@@ -56,11 +56,14 @@ def vllm_serve_parser(defaults: dict[str, Any]) -> tuple[ArgumentParser, Any]:
 
 
 def serve_args(parser: ArgumentParser, model: str, vllm_args: list[str], markers: MarkerIds | None) -> Namespace:
-    """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config."""
+    """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config, with
+    `markers` checked against the tokenizer, or picked from it when not given."""
     args = parser.parse_args(["serve", model, *vllm_args])
+    rule = MarkerRule(load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code))
     if markers is None:
-        tokenizer = load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code)
-        markers = pick_marker_ids(tokenizer)
+        markers = rule.pick()
+    else:
+        rule.check(markers)
     args.additional_config = with_pic_section(args.additional_config, markers)
     return args
 
