@@ -20,8 +20,7 @@ the server reports the cached tokens.
     flock /tmp/minipic-test-server.lock .venv/bin/python benchmarks/accuracy.py \\
         --passages ../shared/data/2wiki_passages.json \\
         --out benchmarks/results/accuracy-smollm2-cpu.json
-    .venv/bin/python benchmarks/plot_accuracy.py benchmarks/results/accuracy-smollm2-cpu.json \\
-        docs/accuracy.png
+    .venv/bin/python benchmarks/plot.py        # docs/accuracy.png (and every other figure)
 """
 
 from __future__ import annotations

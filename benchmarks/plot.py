@@ -88,6 +88,39 @@ def attention(data: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
+ACCURACY_BARS = (
+    ("accuracy", "correct answers"),
+    ("same_verdict_as_full", "same verdict as full attention"),
+    ("cached_fraction", "prompt tokens cached (server)"),
+    ("reusable_fraction", "prompt tokens in reusable segments"),
+)
+
+
+def accuracy(data: dict, out: Path) -> None:
+    summary, meta = data["summary"], data["meta"]
+    layouts = list(summary)
+    width = 0.8 / len(ACCURACY_BARS)
+    fig, ax = plt.subplots(figsize=(11, 4.8), dpi=110)
+    for n, (key, label) in enumerate(ACCURACY_BARS):
+        xs = [i + (n - (len(ACCURACY_BARS) - 1) / 2) * width for i in range(len(layouts))]
+        values = [summary[name][key] for name in layouts]
+        bars = ax.bar(xs, values, width, label=label)
+        if key == "accuracy":
+            ax.bar_label(bars, labels=[f"{v:.0%}" for v in values], fontsize=8, padding=2)
+    ax.set_xticks(range(len(layouts)), layouts)
+    ax.set_ylim(0, 1.05)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.set_title(
+        f"{meta['model']}: {meta['questions']} questions over {meta['docs_per_question']} "
+        f"2WikiMultihopQA passages each ({meta['server_args'][1]}, not fine-tuned for PIC)",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, ncols=len(ACCURACY_BARS), loc="upper center", bbox_to_anchor=(0.5, -0.07), frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+
+
 def client_concurrency(data: dict, out: Path) -> None:
     rows = data["rows"]
     xs = [r["in_flight"] for r in rows]
@@ -111,6 +144,7 @@ FIGURES = (
     ("served-h200.json", "served-figure2.png", served_figure2),
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
+    ("accuracy-smollm2-cpu.json", "accuracy.png", accuracy),
 )
 
 
