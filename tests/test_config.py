@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from vllm.config import VllmConfig, set_current_vllm_config
@@ -12,7 +13,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
-from minipic_server.guards import check_kv_cache_groups, check_rope_class
+from minipic_server.guards import check_engine_config, check_kv_cache_groups, check_rope_class
 from minipic_server.info_endpoint import server_info
 from minipic_server.markers import MarkerIds
 from minipic_server.serve import CPU_BLOCK_SIZE, plugin_allowlist, serve_args, serve_defaults, vllm_serve_parser
@@ -114,6 +115,16 @@ def test_info_names_a_local_tokenizer_by_its_absolute_path(tiny_model_dir: Path,
 def test_engine_config_guards(tiny_model_dir: Path, markers, kwargs, message) -> None:
     with pytest.raises(MiniPICConfigError, match=message):
         engine_config(tiny_model_dir, markers, **kwargs)
+
+
+def test_multimodal_models_are_refused() -> None:
+    model = SimpleNamespace(use_mla=False, is_multimodal_model=True)
+    config = SimpleNamespace(
+        model_config=model, cache_config=SimpleNamespace(enable_prefix_caching=True),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1), lora_config=None, speculative_config=None,
+    )
+    with pytest.raises(MiniPICConfigError, match="does not support multimodal models"):
+        check_engine_config(config, PicConfig(**MARKERS))
 
 
 def test_guards_leave_stock_configs_alone(tiny_model_dir: Path) -> None:

@@ -8,7 +8,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
-from minipic_server.config import PicConfig
+from minipic_server.config import MiniPICConfigError, PicConfig
 from minipic_server.engine_hooks import ban_markers
 from minipic_server.hashing import make_pic_block_hasher
 
@@ -112,3 +112,12 @@ def test_marker_ids_are_banned_from_sampling() -> None:
     ban_markers(params, PIC)
     ban_markers(params, PIC)  # idempotent
     assert params.bad_words_token_ids == [[99, 100], [SSEP], [PDEP], [PAD]]
+
+
+def test_multimodal_requests_are_refused() -> None:
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    image = MultiModalFeatureSpec(None, "image", "img-0", PlaceholderRange(offset=4, length=4), mm_hash="h")
+    with pytest.raises(MiniPICConfigError, match="multimodal inputs"):
+        Request("r", SYS + DOC_A, SamplingParams(max_tokens=4), None, mm_features=[image],
+                block_hasher=make_pic_block_hasher(BS, sha256, PIC))

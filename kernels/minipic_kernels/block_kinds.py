@@ -1,11 +1,15 @@
-"""The per-physical-block record that turns block hashing rules into attention windows.
+"""The SSep/PDep rule, defined once: which blocks are spans, for hashing and for attention.
 
-Each physical KV block remembers what its first token was when it was written:
-SSep (the block starts an independent span), PDep (the block depends on the whole
-prompt before it) or neither. A query row attends from the start of the latest
-SSep block at or before its own block, or from 0 when the latest marker block is
-PDep or there is none. That is exactly the token range the block hashes cover, so
-a cached block never holds keys computed from context its hash does not name.
+A block's kind is set by its first token: SSep (the block starts an independent
+span), PDep (the block depends on the whole prompt before it) or neither
+(`block_kind_of`). A span runs from an SSep block up to the next marker block
+(`in_span`). A block in a span hashes from the span's start and its tokens attend
+from there; any other block hashes over, and attends to, everything before it.
+So a cached block never holds keys computed from context its hash does not name.
+
+The block hasher, the metrics and the test fixtures apply the rule token by
+token; attention applies it per physical block in tensor form
+(`window_starts_per_block`), tested equal to the scalar rule.
 """
 
 from __future__ import annotations
@@ -21,6 +25,30 @@ class BlockKind(enum.IntEnum):
     PLAIN = 0
     SSEP = 1
     PDEP = 2
+
+
+def marker_kinds(ssep_token_id: int, pdep_token_id: int) -> dict[int, BlockKind]:
+    """The tokens that give a block a kind when they are its first (prompt) token."""
+    return {ssep_token_id: BlockKind.SSEP, pdep_token_id: BlockKind.PDEP}
+
+
+def block_kind_of(first_token: int, ssep_token_id: int, pdep_token_id: int) -> BlockKind:
+    """The kind a block takes from its first token."""
+    return marker_kinds(ssep_token_id, pdep_token_id).get(first_token, BlockKind.PLAIN)
+
+
+def block_kinds_of_tokens(token_ids: torch.Tensor, ssep_token_id: int, pdep_token_id: int) -> torch.Tensor:
+    """`block_kind_of` for every token at once, as int8 (graph-safe: no host sync)."""
+    kinds = torch.zeros_like(token_ids, dtype=torch.int8)
+    for token, kind in marker_kinds(ssep_token_id, pdep_token_id).items():
+        kinds = kinds.masked_fill(token_ids == token, int(kind))
+    return kinds
+
+
+def in_span(kind: BlockKind, previous_in_span: bool) -> bool:
+    """Whether a block of `kind` is in a span: SSep opens one, PDep closes it, and a plain
+    block continues what the block before it was."""
+    return previous_in_span if kind is BlockKind.PLAIN else kind is BlockKind.SSEP
 
 
 def window_starts_per_block(

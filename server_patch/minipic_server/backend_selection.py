@@ -10,13 +10,12 @@ from vllm.platforms import current_platform
 
 from minipic_server.config import MiniPICConfigError, pic_config_of
 from minipic_server.guards import check_attention_backend
-from minipic_server.patching import wrap_attribute
 
 CPU_BACKEND = "minipic_server.backends.cpu.PicCpuAttentionBackend"
 CUDA_BACKEND = "minipic_server.backends.cuda.PicTritonAttentionBackend"
 
 
-def _backend_for_platform() -> str:
+def backend_for_platform() -> str:
     if current_platform.is_cpu():
         return CPU_BACKEND
     if current_platform.is_cuda():
@@ -24,21 +23,17 @@ def _backend_for_platform() -> str:
     raise MiniPICConfigError(f"MiniPIC has no attention backend for {current_platform.device_name}")
 
 
-def install() -> None:
-    """Wrap the platform's backend choice once per process."""
-    if current_platform.is_cuda():
-        # The backend reports itself as CUSTOM; vLLM maps that name back through the registry.
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+def register_cuda_backend() -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-        register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)
+    register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)
 
-    def wrap(original: Callable[..., str]) -> Callable[..., str]:
-        def get_attn_backend_cls(selected_backend: Any, *args: Any, **kwargs: Any) -> str:
-            if pic_config_of(get_current_vllm_config()) is None:
-                return original(selected_backend, *args, **kwargs)
-            check_attention_backend(selected_backend)
-            return _backend_for_platform()
 
-        return get_attn_backend_cls
+def wrap_get_attn_backend_cls(original: Callable[..., str]) -> Callable[..., str]:
+    def get_attn_backend_cls(selected_backend: Any, *args: Any, **kwargs: Any) -> str:
+        if pic_config_of(get_current_vllm_config()) is None:
+            return original(selected_backend, *args, **kwargs)
+        check_attention_backend(selected_backend)
+        return backend_for_platform()
 
-    wrap_attribute(type(current_platform), "get_attn_backend_cls", wrap)
+    return get_attn_backend_cls

@@ -1,7 +1,8 @@
 """Engine-core side of the plugin: marker-aware block hashing and banning markers from sampling.
 
 vLLM loads general plugins *inside* ``EngineCore.__init__``, so that first
-constructor call cannot be wrapped. The hooks sit on methods it calls later:
+constructor call cannot be wrapped. The hooks (installed by `minipic_server.boundary`)
+sit on methods it calls later:
 ``_initialize_kv_caches`` (start-up, with the final KV-cache layout) and
 ``preprocess_add_request`` (every request, before its block hashes exist).
 """
@@ -15,40 +16,35 @@ from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 from vllm.v1.engine.core import EngineCore
 
+from minipic_server.boundary import BAD_WORDS, ENGINE_HASHER, ENGINE_PIC, REQUEST_BLOCK_HASHER, patch_instance
 from minipic_server.config import PicConfig, pic_config_of
 from minipic_server.guards import check_kv_cache_groups
 from minipic_server.hashing import make_pic_block_hasher
-from minipic_server.patching import wrap_attribute
 
 
-def install() -> None:
-    """Wrap EngineCore once per process; a no-op for engines without a minipic section."""
-    wrap_attribute(EngineCore, "_initialize_kv_caches", _wrap_initialize_kv_caches)
-    wrap_attribute(EngineCore, "preprocess_add_request", _wrap_preprocess)
-
-
-def _wrap_initialize_kv_caches(original: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_initialize_kv_caches(original: Callable[..., Any]) -> Callable[..., Any]:
     def _initialize_kv_caches(self: EngineCore, vllm_config: Any) -> Any:
         kv_cache_config = original(self, vllm_config)
         pic = pic_config_of(vllm_config)
-        self._minipic = pic
-        self._minipic_hasher = None
+        hasher = None
         if pic is not None:
             check_kv_cache_groups(len(kv_cache_config.kv_cache_groups))
             _, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
             hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
-            self._minipic_hasher = make_pic_block_hasher(hash_block_size, hash_fn, pic)
+            hasher = make_pic_block_hasher(hash_block_size, hash_fn, pic)
+        patch_instance(ENGINE_PIC, self, pic)
+        patch_instance(ENGINE_HASHER, self, hasher)
         return kv_cache_config
 
     return _initialize_kv_caches
 
 
-def _wrap_preprocess(original: Callable[..., Any]) -> Callable[..., Any]:
+def wrap_preprocess_add_request(original: Callable[..., Any]) -> Callable[..., Any]:
     def preprocess_add_request(self: EngineCore, request: Any) -> Any:
         pic: PicConfig | None = getattr(self, "_minipic", None)
         if pic is not None:
             # The constructor assigns vLLM's own hasher after the KV caches exist.
-            self.request_block_hasher = self._minipic_hasher
+            patch_instance(REQUEST_BLOCK_HASHER, self, self._minipic_hasher)
             if request.sampling_params is not None:
                 ban_markers(request.sampling_params, pic)
         return original(self, request)
@@ -60,4 +56,4 @@ def ban_markers(sampling_params: Any, pic: PicConfig) -> None:
     """Markers are prompt-only: a generated marker would silently re-window later tokens."""
     banned = list(sampling_params._bad_words_token_ids or [])
     banned.extend([token_id] for token_id in pic.marker_ids if [token_id] not in banned)
-    sampling_params._bad_words_token_ids = banned
+    patch_instance(BAD_WORDS, sampling_params, banned)

@@ -39,7 +39,12 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
         raise MiniPICConfigError("MiniPIC does not support speculative decoding yet")
     if model_config.use_mla:
         raise MiniPICConfigError("MiniPIC does not support MLA attention models (DeepSeek-style)")
-    if getattr(model_config, "uses_mrope", False):
+    if model_config.is_multimodal_model:
+        raise MiniPICConfigError(
+            "MiniPIC does not support multimodal models yet: serve a text-only model "
+            "(span hashes would need vLLM's per-image extra keys)"
+        )
+    if model_config.uses_mrope:
         raise MiniPICConfigError(
             "MiniPIC does not support multimodal RoPE (MRoPE): only RoPE classes "
             f"{sorted(SUPPORTED_ROPE_CLASSES)} are re-applied to keys"

@@ -21,7 +21,6 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from minipic_server.config import MiniPICConfigError, pic_config_of
-from minipic_server.patching import wrap_attribute
 
 TokenIds = list[int]
 
@@ -143,17 +142,14 @@ def marker_safe(tokenizer: Any, marker_ids: Collection[int]) -> Any:
     return safe
 
 
-def install() -> None:
-    """Hand every renderer of a PIC engine a marker-safe tokenizer (API-server process)."""
-    from vllm.renderers.registry import RendererRegistry
+def wrap_load_renderer(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Hand every renderer of a PIC engine a marker-safe tokenizer (API-server process; the
+    hook is installed by `minipic_server.boundary`)."""
 
-    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-        def load_renderer(self: RendererRegistry, renderer_mode: str, config: Any, tokenizer: Any) -> Any:
-            pic = pic_config_of(config)
-            if pic is not None and tokenizer is not None:
-                tokenizer = marker_safe(tokenizer, pic.marker_ids)
-            return original(self, renderer_mode, config, tokenizer)
+    def load_renderer(self: Any, renderer_mode: str, config: Any, tokenizer: Any) -> Any:
+        pic = pic_config_of(config)
+        if pic is not None and tokenizer is not None:
+            tokenizer = marker_safe(tokenizer, pic.marker_ids)
+        return original(self, renderer_mode, config, tokenizer)
 
-        return load_renderer
-
-    wrap_attribute(RendererRegistry, "load_renderer", wrap)
+    return load_renderer

@@ -23,25 +23,22 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from minipic_kernels.block_kinds import BlockKind, requests_with_windows, window_starts_per_block
 from minipic_server.backends.common import PicAttentionMetadata, RopeSpec
+from minipic_server.boundary import MODEL_FORWARD, ROTARY_EMB, patch_instance
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_rope_class
-from minipic_server.patching import wrap_attribute
 
 
-def install() -> None:
-    """Wrap model loading once per process; a no-op for engines without a minipic section."""
+def wrap_load_model(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """The model loader's hook (`minipic_server.boundary`); a no-op for engines without a minipic section."""
 
-    def wrap(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        def load_model(self: BaseModelLoader, vllm_config: Any, model_config: Any, *args: Any, **kwargs: Any):
-            model = original(self, vllm_config, model_config, *args, **kwargs)
-            pic = pic_config_of(vllm_config)
-            if pic is not None:
-                make_position_free(model, pic)
-            return model
+    def load_model(self: BaseModelLoader, vllm_config: Any, model_config: Any, *args: Any, **kwargs: Any):
+        model = original(self, vllm_config, model_config, *args, **kwargs)
+        pic = pic_config_of(vllm_config)
+        if pic is not None:
+            make_position_free(model, pic)
+        return model
 
-        return load_model
-
-    wrap_attribute(BaseModelLoader, "load_model", wrap)
+    return load_model
 
 
 class QueryOnlyRotary(nn.Module):
@@ -76,7 +73,7 @@ def make_position_free(model: nn.Module, pic: PicConfig) -> None:
                 is_neox=rope.is_neox_style,
             )
         attn.impl.pic_rope = specs[id(rope)]
-        module.rotary_emb = QueryOnlyRotary(rope)
+        patch_instance(ROTARY_EMB, module, QueryOnlyRotary(rope))
     unlinked = [
         name
         for name, module in model.named_modules()
@@ -99,7 +96,7 @@ def _record_block_kinds_each_step(model: nn.Module, recorder: BlockKindRecorder)
         recorder.record(input_ids)
         return original(*args, **kwargs)
 
-    model.forward = forward
+    patch_instance(MODEL_FORWARD, model, forward)
 
 
 class BlockKindRecorder:

@@ -15,26 +15,17 @@ from typing import Any
 import torch
 
 from minipic_server.config import pic_config_of
-from minipic_server.patching import wrap_attribute
 
 
-def install() -> None:
-    """Wrap the CUDA worker's warm-up once per process (CUDA only: the CPU path has no Triton)."""
-    from vllm.platforms import current_platform
+def wrap_compile_or_warm_up_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The CUDA worker's warm-up hook (`minipic_server.boundary`; the CPU path has no Triton)."""
 
-    if not current_platform.is_cuda():
-        return
-    from vllm.v1.worker.gpu_worker import Worker
+    def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if pic_config_of(self.vllm_config) is not None:
+            warm_up_attention(self.vllm_config)
+        return original(self, *args, **kwargs)
 
-    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-        def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if pic_config_of(self.vllm_config) is not None:
-                warm_up_attention(self.vllm_config)
-            return original(self, *args, **kwargs)
-
-        return compile_or_warm_up_model
-
-    wrap_attribute(Worker, "compile_or_warm_up_model", wrap)
+    return compile_or_warm_up_model
 
 
 @torch.inference_mode()

@@ -24,8 +24,8 @@ from minipic_server.backends.common import (
     PositionFreeAttention,
     PositionFreeBackend,
     RopeSpec,
-    refuse_unsupported_features,
 )
+from minipic_server.impl_args import bind_impl_args
 
 # Scratch for the rotated keys and values of one step's prefill requests (both counted in
 # vLLM's memory profiling: `PicTritonAttentionImpl.profile` allocates it). A step needing
@@ -94,7 +94,7 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
     """vLLM's Triton impl (cache layout, KV write) with MiniPIC's attention."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        refuse_unsupported_features(**dict(zip(_IMPL_ARG_NAMES, args)), **kwargs)
+        bind_impl_args(TritonAttentionImpl.__init__, args, kwargs)
         super().__init__(*args, **kwargs)
         self.paged_attention: PagedAttention | None = None
         self._paged_attention_for: torch.dtype | None = None
@@ -167,10 +167,3 @@ def _paged_flash_attention(flash_attn_varlen_func: Callable[..., Any], fa_versio
         )  # fmt: skip
 
     return attend
-
-
-# Positional order of vLLM's AttentionImpl constructor arguments.
-_IMPL_ARG_NAMES = (
-    "num_heads", "head_size", "scale", "num_kv_heads", "alibi_slopes", "sliding_window",
-    "kv_cache_dtype", "logits_soft_cap", "attn_type", "kv_sharing_target_layer_name", "sinks",
-)

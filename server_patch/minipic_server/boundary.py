@@ -1,0 +1,333 @@
+"""Every place MiniPIC reaches into vLLM, declared as data.
+
+vLLM has no extension point for what PIC changes (block hashing, keys entering
+the cache unrotated, the attention backend choice), so the plugin wraps a few
+private vLLM attributes, patches a few objects at run time, subclasses vLLM's
+attention backends and reads some private APIs. Each `Intervention` below names
+the vLLM attribute, what MiniPIC does with it, why, and the vLLM releases it was
+checked on. `install` puts the class-level hooks in place (from
+`minipic_server.plugin.register`); `patch_instance` applies the run-time ones;
+``tests/test_vllm_contract.py`` checks every entry, attribute and signature,
+against the source of each supported release. Porting to a new vLLM means
+running those tests against it and editing this file.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from minipic_server.patching import wrap_attribute
+
+logger = logging.getLogger("vllm.minipic")
+
+# The vLLM releases MiniPIC is checked on (major.minor), each with its platform.
+SUPPORTED_VLLM: Mapping[str, str] = {"0.26": "cuda", "0.32": "cpu"}
+ALL = tuple(SUPPORTED_VLLM)
+ALLOW_UNSUPPORTED_ENV = "MINIPIC_ALLOW_UNSUPPORTED_VLLM"
+
+
+class How(enum.Enum):
+    WRAP = "wrapped"  # at start-up, ``Owner.attribute = hook(original)`` (`patching.wrap_attribute`)
+    REGISTER = "registered"  # at start-up, ``hook()`` adds MiniPIC to this vLLM registry
+    PATCH = "patched"  # at run time, set on vLLM objects through `patch_instance`
+    ATTACH = "attached"  # at run time, MiniPIC's own state kept on vLLM objects under a new name
+    OVERRIDE = "overridden"  # a MiniPIC subclass overrides it; vLLM must keep calling it so
+    USE = "used"  # a private vLLM API MiniPIC calls or reads
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One touch of vLLM: ``target`` is ``module:Class.attribute`` or ``module:name``.
+
+    ``params`` are the target's parameter names (self/cls included); the contract
+    tests require them exactly; ``keywords`` are the ones MiniPIC passes by name to a
+    function with a long signature (each must still exist). ``hook`` is ``module:function`` for WRAP and
+    REGISTER. ``on_current_platform``: wrap the attribute on the class of vLLM's
+    ``current_platform`` (a subclass of the target's class), where vLLM looks it up.
+    """
+
+    how: How
+    target: str
+    why: str
+    params: tuple[str, ...] | None = None
+    hook: str | None = None
+    keywords: tuple[str, ...] = ()
+    versions: tuple[str, ...] = ALL
+    on_current_platform: bool = False
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.target.partition(":")[2]
+
+    @property
+    def attribute(self) -> str:
+        return self.qualname.rpartition(".")[2]
+
+
+def wrap(target: str, hook: str, why: str, params: tuple[str, ...], **kw: Any) -> Intervention:
+    return Intervention(How.WRAP, target, why, params, hook, **kw)
+
+
+def register_with(target: str, hook: str, why: str, params: tuple[str, ...], **kw: Any) -> Intervention:
+    return Intervention(How.REGISTER, target, why, params, hook, **kw)
+
+
+def patch(target: str, why: str, params: tuple[str, ...] | None = None, **kw: Any) -> Intervention:
+    return Intervention(How.PATCH, target, why, params, **kw)
+
+
+def attach(target: str, why: str, **kw: Any) -> Intervention:
+    return Intervention(How.ATTACH, target, why, **kw)
+
+
+def override(target: str, why: str, params: tuple[str, ...] | None = None, **kw: Any) -> Intervention:
+    return Intervention(How.OVERRIDE, target, why, params, **kw)
+
+
+def use(target: str, why: str, params: tuple[str, ...] | None = None, **kw: Any) -> Intervention:
+    return Intervention(How.USE, target, why, params, **kw)
+
+
+_ATTN = "vllm.v1.attention.backend"
+_CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
+_TRITON_ATTN = "vllm.v1.attention.backends.triton_attn"
+_KV_UTILS = "vllm.v1.core.kv_cache_utils"
+_ROPE = "vllm.model_executor.layers.rotary_embedding.base"
+_FORWARD = ("self", "layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "output_scale",
+            "output_block_scale")
+_IMPL_ARGS = ("self", "num_heads", "head_size", "scale", "num_kv_heads", "alibi_slopes", "sliding_window",
+              "kv_cache_dtype", "logits_soft_cap", "attn_type", "kv_sharing_target_layer_name", "sinks")
+
+# Patched at run time (`patch_instance` takes these).
+REQUEST_BLOCK_HASHER = patch(
+    "vllm.v1.engine.core:EngineCore.request_block_hasher",
+    "replaced by the marker-aware hasher before each request is built (the constructor sets vLLM's own "
+    "after the KV caches exist)")
+BAD_WORDS = patch(
+    "vllm.sampling_params:SamplingParams._bad_words_token_ids",
+    "marker ids appended: markers are prompt-only, a generated one would re-window later tokens")
+ROTARY_EMB = patch(
+    "vllm.model_executor.models.llama:LlamaAttention.rotary_emb",
+    "each attention layer's rotary embedding replaced by a query-only one; keys enter the cache unrotated")
+MODEL_FORWARD = patch(
+    "vllm.model_executor.models.llama:LlamaForCausalLM.forward",
+    "the loaded model's forward wrapped to record each step's block kinds before any layer runs "
+    "(`block_recorder`); token ids are its first argument",
+    ("self", "input_ids", "positions", "intermediate_tensors", "inputs_embeds"))
+# MiniPIC's own state on vLLM objects (names vLLM must not use; classes must not be slotted).
+ENGINE_PIC = attach("vllm.v1.engine.core:EngineCore._minipic", "the engine's PicConfig, or None when PIC is off")
+ENGINE_HASHER = attach("vllm.v1.engine.core:EngineCore._minipic_hasher", "the marker-aware hasher built at start-up")
+CHAIN_STATE = attach("vllm.v1.request:Request._minipic_chain_state", "per-request hashing state between hasher calls")
+
+_PICK_BACKEND = "minipic_server.backend_selection:wrap_get_attn_backend_cls"
+_PICK_BACKEND_PARAMS = ("cls", "selected_backend", "attn_selector_config", "num_heads")
+
+TABLE: tuple[Intervention, ...] = (
+    # Hooks installed at start-up.
+    wrap("vllm.engine.arg_utils:EngineArgs.create_engine_config", "minipic_server.startup:wrap_create_engine_config",
+         "refuse configurations PIC cannot serve before the engine starts", ("self", "usage_context", "headless")),
+    wrap("vllm.renderers.registry:RendererRegistry.load_renderer", "minipic_server.marker_text:wrap_load_renderer",
+         "renderers get a tokenizer that turns marker strings in text into ordinary text: markers count only "
+         "in token-id prompts", ("self", "renderer_mode", "config", "tokenizer")),
+    wrap("vllm.v1.engine.core:EngineCore._initialize_kv_caches",
+         "minipic_server.engine_hooks:wrap_initialize_kv_caches",
+         "build the marker-aware block hasher once the KV-cache layout is final", ("self", "vllm_config")),
+    wrap("vllm.v1.engine.core:EngineCore.preprocess_add_request",
+         "minipic_server.engine_hooks:wrap_preprocess_add_request",
+         "hash every request with markers and ban markers from sampling", ("self", "request")),
+    wrap("vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
+         "minipic_server.position_free:wrap_load_model",
+         "make the loaded model position-free", ("self", "vllm_config", "model_config", "prefix")),
+    wrap("vllm.platforms.cpu:CpuPlatform.get_attn_backend_cls", _PICK_BACKEND,
+         "route attention to MiniPIC's CPU backend while PIC is active, refuse other choices",
+         _PICK_BACKEND_PARAMS, versions=("0.32",), on_current_platform=True),
+    wrap("vllm.platforms.cuda:CudaPlatformBase.get_attn_backend_cls", _PICK_BACKEND,
+         "route attention to MiniPIC's CUDA backend while PIC is active, refuse other choices",
+         _PICK_BACKEND_PARAMS, versions=("0.26",), on_current_platform=True),
+    wrap("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
+         "minipic_server.warmup_hook:wrap_compile_or_warm_up_model",
+         "compile MiniPIC's attention kernels at start-up, before vLLM's JIT monitor starts", ("self",),
+         versions=("0.26",)),
+    use("vllm.v1.worker.gpu_worker:Worker.vllm_config", "warm-up: is PIC active", versions=("0.26",)),
+    use("vllm.config.compilation:CompilationConfig.static_forward_context", "warm-up: the attention layers",
+        versions=("0.26",)),
+    use("vllm.model_executor.layers.attention.attention:Attention.kv_cache", "warm-up: the layer's block size",
+        versions=("0.26",)),
+    register_with("vllm.v1.attention.backends.registry:register_backend",
+                  "minipic_server.backend_selection:register_cuda_backend",
+                  "the CUDA backend reports itself as CUSTOM; vLLM maps that name back through the registry",
+                  ("backend", "class_path", "is_mamba"), versions=("0.26",)),
+    use("vllm.v1.attention.backends.registry:AttentionBackendEnum.CUSTOM", "the name the CUDA backend registers"),
+    # Configuration the start-up guards read.
+    *(use(f"vllm.config.model:ModelConfig.{name}", "start-up guards")
+      for name in ("use_mla", "uses_mrope", "is_multimodal_model", "get_sliding_window", "get_vocab_size",
+                   "skip_tokenizer_init", "tokenizer", "tokenizer_revision", "trust_remote_code")),
+    use("vllm.config.cache:CacheConfig.enable_prefix_caching", "start-up guards: PIC is built on it"),
+    use("vllm.config.cache:CacheConfig.cache_dtype", "start-up guards: no quantized KV cache"),
+    use("vllm.config.attention:AttentionConfig.backend", "start-up guards: no foreign --attention-backend"),
+    use("vllm.config.cache:CacheConfig.prefix_caching_hash_algo", "the block hasher uses vLLM's hash function"),
+    use("vllm.config.parallel:ParallelConfig.pipeline_parallel_size", "start-up guards"),
+    *(use(f"vllm.config.vllm:VllmConfig.{name}", "start-up guards; activation")
+      for name in ("lora_config", "speculative_config", "additional_config", "attention_config")),
+    # Patched at run time.
+    REQUEST_BLOCK_HASHER,
+    BAD_WORDS,
+    ROTARY_EMB,
+    MODEL_FORWARD,
+    ENGINE_PIC,
+    ENGINE_HASHER,
+    CHAIN_STATE,
+    # Block hashing (engine core) reads vLLM's hash chain and request state.
+    use(f"{_KV_UTILS}:hash_block_tokens", "hash a block on a parent MiniPIC chooses",
+        ("hash_function", "parent_block_hash", "curr_block_token_ids", "extra_keys")),
+    use(f"{_KV_UTILS}:generate_block_hash_extra_keys", "keep vLLM's extra keys (LoRA, salt, embeddings)",
+        ("request", "start_token_idx", "end_token_idx", "start_mm_idx")),
+    use(f"{_KV_UTILS}:NONE_HASH", "the parent of an SSep block, salted like vLLM's first block"),
+    use(f"{_KV_UTILS}:resolve_kv_cache_block_sizes", "the hash block size", ("kv_cache_config", "vllm_config")),
+    use("vllm.utils.hashing:get_hash_fn_by_name", "vLLM's configured block hash function", ("hash_fn_name",)),
+    *(use(f"vllm.v1.request:Request.{name}", "read by the block hasher")
+      for name in ("block_hashes", "all_token_ids", "num_prompt_tokens", "num_tokens", "cache_salt", "mm_features")),
+    use("vllm.v1.engine:EngineCoreRequest.sampling_params", "where markers are banned"),
+    # Position-free model: the rotation the backends re-apply to keys, and the per-step record.
+    *(use(f"{_ROPE}:RotaryEmbedding.{name}", "the rotation re-applied to keys by the attention backends")
+      for name in ("cos_sin_cache", "rotary_dim", "is_neox_style")),
+    use(f"{_ROPE}:RotaryEmbedding.forward_native", "called with key=None: rotate the query only",
+        ("self", "positions", "query", "key")),
+    use("vllm.forward_context:ForwardContext.slot_mapping", "the slots each step writes (block-kind record)"),
+    use("vllm.forward_context:ForwardContext.attn_metadata", "where the record is handed to the backends"),
+    use("vllm.model_executor.layers.attention.attention:get_attention_context",
+        "a layer's metadata and KV cache for the record", ("layer_name",)),
+    # Attention backends: MiniPIC subclasses vLLM's; vLLM must keep calling these names so.
+    override(f"{_ATTN}:AttentionImpl.forward", "position-free attention over unrotated keys", _FORWARD),
+    override(f"{_ATTN}:AttentionMetadataBuilder.__init__", "PicMetadataBuilder",
+             ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")),
+    override(f"{_ATTN}:AttentionMetadataBuilder.build", "PicMetadataBuilder",
+             ("self", "common_prefix_len", "common_attn_metadata", "fast_build")),
+    override(f"{_ATTN}:AttentionMetadataBuilder._cudagraph_support", "full CUDA graphs for decode"),
+    *(use(f"{_ATTN}:CommonAttentionMetadata.{name}", "copied into PicAttentionMetadata")
+      for name in ("num_actual_tokens", "max_query_len", "max_seq_len", "query_start_loc", "seq_lens",
+                   "block_table_tensor", "slot_mapping")),
+    override(f"{_ATTN}:AttentionBackend.supports_sliding_window", "PositionFreeBackend", ("cls",)),
+    override(f"{_ATTN}:AttentionBackend.supports_sink", "PositionFreeBackend", ("cls",)),
+    override(f"{_ATTN}:AttentionBackend.supports_attn_type", "PositionFreeBackend", ("cls", "attn_type")),
+    override(f"{_ATTN}:AttentionBackend.supported_kv_cache_dtypes", "PositionFreeBackend: no quantized KV"),
+    override(f"{_CPU_ATTN}:CPUAttentionBackend.get_supported_kernel_block_sizes", "PicCpuAttentionBackend",
+             ("kv_cache_spec",), versions=("0.32",)),
+    override(f"{_CPU_ATTN}:CPUAttentionBackend.forward_includes_kv_cache_update",
+             "PicCpuAttentionBackend writes the cache in do_kv_cache_update", versions=("0.32",)),
+    override(f"{_CPU_ATTN}:CPUAttentionBackend.get_impl_cls", "PicCpuAttentionBackend", (), versions=("0.32",)),
+    override(f"{_CPU_ATTN}:CPUAttentionBackend.get_builder_cls", "PicCpuAttentionBackend", (), versions=("0.32",)),
+    override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.__init__", "PicCpuAttentionImpl takes the same arguments",
+             _IMPL_ARGS, versions=("0.32",)),
+    override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.do_kv_cache_update", "PicCpuAttentionImpl writes unrotated keys",
+             ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.32",)),
+    *(override(f"{_TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", (), versions=("0.26",))
+      for name in ("get_name", "get_impl_cls", "get_builder_cls")),
+    override(f"{_TRITON_ATTN}:TritonAttentionImpl.__init__",
+             "PicTritonAttentionImpl binds these by name (`impl_args`) and refuses what it cannot honour",
+             (*_IMPL_ARGS, "use_alibi_sqrt", "chunk_lookback"), versions=("0.26",)),
+    *(use(f"{_ATTN}:CommonAttentionMetadata.{name}", "the CUDA builder's step plan", versions=("0.26",))
+      for name in ("query_start_loc_cpu", "seq_lens_cpu_upper_bound", "num_reqs")),
+    *(use(f"vllm.v1.kv_cache_interface:AttentionSpec.{name}", "the CUDA builder's step plan", versions=("0.26",))
+      for name in ("page_size_bytes", "num_kv_heads")),
+    use("vllm.config.model:ModelConfig.get_num_attention_heads", "the CUDA builder's step plan",
+        keywords=("parallel_config",), versions=("0.26",)),
+    use("vllm.v1.attention.backends.fa_utils:is_flash_attn_varlen_func_available",
+        "window-free prefill runs on vLLM's FlashAttention when it is there", (), versions=("0.26",)),
+    use("vllm.v1.attention.backends.fa_utils:get_flash_attn_version", "which FlashAttention",
+        keywords=("head_size",), versions=("0.26",)),
+    use("vllm.vllm_flash_attn:flash_attn_varlen_func", "window-free prefill over rotated scratch pages",
+        keywords=("q", "k", "v", "out", "cu_seqlens_q", "max_seqlen_q", "seqused_k", "max_seqlen_k",
+                  "softmax_scale", "causal", "block_table", "fa_version"), versions=("0.26",)),
+    override(f"{_TRITON_ATTN}:TritonAttentionImpl.fused_rope_kvcache_supported",
+             "PicTritonAttentionImpl says no: keys must reach the cache unrotated", ("self",), versions=("0.26",)),
+)
+
+
+class UnsupportedVLLMError(RuntimeError):
+    """This vLLM release is not one MiniPIC was checked on."""
+
+
+def table_version(vllm_version: str, platform: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The `SUPPORTED_VLLM` release whose entries apply here.
+
+    An unsupported release fails with one line unless `ALLOW_UNSUPPORTED_ENV` is
+    set; then the entries of the release supported on this platform are used.
+    """
+    match = re.match(r"(\d+)\.(\d+)", vllm_version)
+    minor = f"{match[1]}.{match[2]}" if match else vllm_version
+    if SUPPORTED_VLLM.get(minor) == platform:
+        return minor
+    supported = ", ".join(f"vLLM {v}.x on {p}" for v, p in SUPPORTED_VLLM.items())
+    fallback = next((v for v, p in SUPPORTED_VLLM.items() if p == platform), None)
+    problem = f"MiniPIC supports {supported}; this is vLLM {vllm_version} on {platform}"
+    if environ.get(ALLOW_UNSUPPORTED_ENV) != "1" or fallback is None:
+        raise UnsupportedVLLMError(
+            f"{problem}. Install a supported vLLM, or set {ALLOW_UNSUPPORTED_ENV}=1 to try anyway"
+            + ("" if fallback else f" (nothing is supported on {platform})")
+        )
+    _warn_once(f"{problem}: {ALLOW_UNSUPPORTED_ENV}=1 is set, so MiniPIC hooks it as vLLM {fallback}. "
+               "UNTESTED: hooks may fail or answers may be wrong")
+    return fallback
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
+def entries_for(version: str) -> tuple[Intervention, ...]:
+    return tuple(entry for entry in TABLE if version in entry.versions)
+
+
+def install(version: str) -> None:
+    """Put every start-up hook of `version` in place; repeat calls change nothing."""
+    for entry in entries_for(version):
+        if entry.how is How.WRAP:
+            wrap_attribute(_owner(entry), entry.attribute, _load(entry.hook))
+        elif entry.how is How.REGISTER:
+            _load(entry.hook)()
+
+
+def patch_instance(entry: Intervention, obj: object, value: Any) -> None:
+    """Set a vLLM object's attribute that the table declares as patched or attached at run time."""
+    if entry.how not in (How.PATCH, How.ATTACH) or entry not in TABLE:
+        raise ValueError(f"{entry.target} is not declared as a run-time patch in minipic_server.boundary")
+    setattr(obj, entry.attribute, value)
+
+
+def _owner(entry: Intervention) -> type:
+    declared = _resolve(entry.module, entry.qualname.rpartition(".")[0])
+    if not entry.on_current_platform:
+        return declared
+    from vllm.platforms import current_platform
+
+    owner = type(current_platform)
+    if not issubclass(owner, declared):
+        raise UnsupportedVLLMError(f"vLLM's platform {owner.__name__} is not a {declared.__name__}: {entry.why}")
+    return owner
+
+
+def _load(reference: str | None) -> Callable[..., Any]:
+    assert reference is not None
+    module, _, name = reference.partition(":")
+    return _resolve(module, name)
+
+
+def _resolve(module: str, qualname: str) -> Any:
+    value: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return value
