@@ -137,7 +137,8 @@ _PICK_BACKEND_PARAMS = ("cls", "selected_backend", "attn_selector_config", "num_
 TABLE: tuple[Intervention, ...] = (
     # Hooks installed at start-up.
     wrap("vllm.engine.arg_utils:EngineArgs.create_engine_config", "minipic_server.startup:wrap_create_engine_config",
-         "refuse configurations PIC cannot serve before the engine starts", ("self", "usage_context", "headless")),
+         "refuse configurations PIC cannot serve before the engine starts; log the start-up block; "
+         "give the API server the metrics settings", ("self", "usage_context", "headless")),
     wrap("vllm.renderers.registry:RendererRegistry.load_renderer", "minipic_server.marker_text:wrap_load_renderer",
          "renderers get a tokenizer that turns marker strings in text into ordinary text: markers count only "
          "in token-id prompts", ("self", "renderer_mode", "config", "tokenizer")),
@@ -170,6 +171,12 @@ TABLE: tuple[Intervention, ...] = (
                   "the CUDA backend reports itself as CUSTOM; vLLM maps that name back through the registry",
                   ("backend", "class_path", "is_mamba"), versions=("0.26",)),
     use("vllm.v1.attention.backends.registry:AttentionBackendEnum.CUSTOM", "the name the CUDA backend registers"),
+    wrap("vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
+         "minipic_server.metrics:wrap_update_stats_from_finished",
+         "count span reuse per finished request for /metrics (the API server has prompt ids and cache hits here)",
+         ("self", "req_state", "finish_reason", "iteration_stats")),
+    use("vllm.v1.engine.output_processor:RequestState.prompt_token_ids", "metrics: where the markers are"),
+    use("vllm.v1.engine.output_processor:RequestState.num_cached_tokens", "metrics: the prefix-cache hit"),
     # Configuration the start-up guards read.
     *(use(f"vllm.config.model:ModelConfig.{name}", "start-up guards")
       for name in ("use_mla", "uses_mrope", "is_multimodal_model", "get_sliding_window", "get_vocab_size",
