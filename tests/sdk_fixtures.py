@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from minipic_client import RetryPolicy, SpanClient
+from minipic_client import RetryPolicy, SpanClient, Tokenizer
 from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
 BLOCK_SIZE = 16
@@ -187,9 +187,16 @@ async def _broken(first: bytes) -> AsyncIterator[bytes]:
 
 @pytest.fixture(scope="session")
 def sdk_tokenizer(tiny_model_dir: Path) -> Any:
+    """The reference: transformers' tokenizer, as the client used before it dropped transformers."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def client_tokenizer(tiny_model_dir: Path) -> Tokenizer:
+    """The client's own tokenizer (no transformers)."""
+    return Tokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture
@@ -198,13 +205,13 @@ def fake_server(tiny_model_dir: Path, sdk_tokenizer: Any) -> FakeServer:
 
 
 @pytest.fixture
-def fake_client(fake_server: FakeServer, sdk_tokenizer: Any) -> Callable[..., SpanClient]:
+def fake_client(fake_server: FakeServer, client_tokenizer: Tokenizer) -> Callable[..., SpanClient]:
     """``fake_client(**options)``: a SpanClient on `fake_server`, fast retries, the tiny
     tokenizer (``tokenizer=None`` loads the one the server names instead)."""
 
     def make(**options: Any) -> SpanClient:
         options.setdefault("retry", FAST_RETRY)
-        options.setdefault("tokenizer", sdk_tokenizer)
+        options.setdefault("tokenizer", client_tokenizer)
         return SpanClient("http://fake", transport=fake_server.transport, **options)
 
     return make

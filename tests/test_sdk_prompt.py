@@ -11,7 +11,8 @@ from minipic_client.prompt import ChatTemplate, PromptBuilder, check_documents
 from minipic_client.tokens import TokenCache
 from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
-pytest_plugins = ["sdk_fixtures"]  # sdk_tokenizer
+# client_tokenizer builds the layouts; sdk_tokenizer (transformers) is the reference they are checked against.
+pytest_plugins = ["sdk_fixtures"]
 
 B = 16  # block size
 DOC_A = "The river runs north past the old mill and the school.\n"
@@ -26,9 +27,9 @@ class CountingTokenizer:
         self._tokenizer = tokenizer
         self.calls: list[str] = []
 
-    def __call__(self, text: str, **kwargs: Any) -> Any:
+    def encode(self, text: str, **kwargs: Any) -> Any:
         self.calls.append(text)
-        return self._tokenizer(text, **kwargs)
+        return self._tokenizer.encode(text, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
@@ -52,8 +53,8 @@ def make_builder(tokenizer: Any, ids: dict[str, int]) -> PromptBuilder:
 
 
 @pytest.fixture
-def builder(sdk_tokenizer: Any, ids: dict[str, int]) -> PromptBuilder:
-    return make_builder(sdk_tokenizer, ids)
+def builder(client_tokenizer: Any, ids: dict[str, int]) -> PromptBuilder:
+    return make_builder(client_tokenizer, ids)
 
 
 def positions(token_ids: list[int], token: int) -> list[int]:
@@ -146,8 +147,8 @@ def test_baseline_is_the_same_text_without_markers(builder, ids, sdk_tokenizer):
     assert layout.prefills == () and layout.cacheable_tokens == 0
 
 
-def test_every_text_is_tokenized_once(sdk_tokenizer, ids):
-    counting = CountingTokenizer(sdk_tokenizer)
+def test_every_text_is_tokenized_once(client_tokenizer, ids):
+    counting = CountingTokenizer(client_tokenizer)
     builder = make_builder(counting, ids)
     parts = [Text("sys"), Span(DOC_A), Span(DOC_B), Dependent("q")]
     first = builder.build(parts)
@@ -158,9 +159,9 @@ def test_every_text_is_tokenized_once(sdk_tokenizer, ids):
 
 
 def test_chat_layout_matches_the_template_with_spans_inside_the_user_turn(
-    builder, ids, sdk_tokenizer
+    builder, ids, sdk_tokenizer, client_tokenizer
 ):
-    chat = ChatTemplate(sdk_tokenizer)
+    chat = ChatTemplate(client_tokenizer)
     system, task = "Answer from the documents.", "Which mill?"
     parts = chat.parts(system, [Span(DOC_A), Span(DOC_B)], task)
     plain = builder.build(parts, pic=False, add_special_tokens=False).token_ids
@@ -181,8 +182,8 @@ def test_chat_layout_matches_the_template_with_spans_inside_the_user_turn(
     assert tail == task + "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 
 
-def test_chat_layout_without_system_prompt(sdk_tokenizer):
-    parts = ChatTemplate(sdk_tokenizer).parts(None, [Span(DOC_A)], "q")
+def test_chat_layout_without_system_prompt(client_tokenizer):
+    parts = ChatTemplate(client_tokenizer).parts(None, [Span(DOC_A)], "q")
     assert [type(p).__name__ for p in parts] == ["Text", "Span", "Dependent", "Text"]
     assert "system" not in parts[0].text
 

@@ -38,6 +38,7 @@ from minipic_client.prompt import (
     Text,
 )
 from minipic_client.scheduler import RequestEvent, Strategy
+from minipic_client.tokenizer import Tokenizer
 from minipic_client.transport import RetryPolicy
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ __all__ = [
     "StreamInterruptedError",
     "Technique",
     "Text",
+    "Tokenizer",
     "TransportError",
 ]
 

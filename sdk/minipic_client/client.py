@@ -38,13 +38,12 @@ from minipic_client.prompt import (
     check_documents,
 )
 from minipic_client.scheduler import RequestEvent, Scheduler, Strategy
+from minipic_client.tokenizer import Tokenizer
 from minipic_client.tokens import TokenCache
 from minipic_client.transport import Connection, RetryPolicy, Usage, root_url, usage_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger("minipic_client")
 
@@ -135,7 +134,7 @@ class _Session:
     """What `connect` learns; everything that needs it is built here at once."""
 
     info: ServerInfo
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: Tokenizer
     builder: PromptBuilder
     chat: ChatTemplate | None
     scheduler: Scheduler
@@ -146,8 +145,8 @@ class SpanClient:
     once, and sends final prompts under the server's concurrency limit.
 
     Configuration comes from ``GET /minipic/info`` on `connect` (``async with``
-    does it). The tokenizer is the server's (loaded with ``AutoTokenizer``) unless
-    `tokenizer` names or is another one.
+    does it). The tokenizer is the server's (its ``tokenizer.json`` and chat template,
+    read without transformers) unless `tokenizer` names or is another one.
 
     Server restarts: the client remembers which spans it prefilled. When a final
     prompt reports fewer cached tokens than its layout promises, it re-reads
@@ -162,8 +161,8 @@ class SpanClient:
     Args:
         base_url: the server, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1``
             is dropped).
-        tokenizer: a tokenizer, or its path or Hugging Face name, when the
-            server's tokenizer path is not readable here.
+        tokenizer: a `Tokenizer`, or a tokenizer directory or Hugging Face name,
+            when the server's tokenizer path is not readable here.
         max_in_flight: concurrent requests (default: the server's ``max_num_seqs``).
         retry: backoff for connection errors, 429 and 5xx.
         timeout: httpx timeout per request.
@@ -180,7 +179,7 @@ class SpanClient:
         self,
         base_url: str,
         *,
-        tokenizer: str | os.PathLike[str] | PreTrainedTokenizerBase | None = None,
+        tokenizer: str | os.PathLike[str] | Tokenizer | None = None,
         max_in_flight: int | None = None,
         retry: RetryPolicy = RetryPolicy(),
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
@@ -223,9 +222,7 @@ class SpanClient:
         info = await self._fetch_info(quick=True)
         tokenizer = self._tokenizer_arg
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-            tokenizer = await asyncio.to_thread(
-                _load_tokenizer, os.fspath(tokenizer or info.tokenizer)
-            )
+            tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, tokenizer or info.tokenizer)
         if info.marker_ids and max(info.marker_ids) >= len(tokenizer):
             raise ConfigError(
                 f"marker ids {sorted(info.marker_ids)} are outside the tokenizer's "
@@ -256,7 +253,7 @@ class SpanClient:
         return self._live.info
 
     @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
+    def tokenizer(self) -> Tokenizer:
         return self._live.tokenizer
 
     @property
@@ -531,13 +528,3 @@ def _check_salt(cache_salt: str | None) -> None:
     if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
         raise PromptError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
 
-
-def _load_tokenizer(name: str) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"cannot load tokenizer {name!r}: {exc}; pass tokenizer= a local copy of the server's"
-        ) from exc

@@ -27,13 +27,11 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal
 
 from minipic_client.errors import ConfigError, InvalidDocumentError, PromptError
+from minipic_client.tokenizer import Tokenizer
 from minipic_client.tokens import TokenCache, TokenIds, unicode_problem
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +256,7 @@ class ChatTemplate:
     """The tokenizer's chat template cut where the system prompt, the documents and
     the task go: rendered once per shape with sentinel contents, then split."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._pieces: dict[bool, list[str]] = {}
 
@@ -289,12 +287,7 @@ class ChatTemplate:
         if with_system:
             messages.insert(0, {"role": "system", "content": _SYSTEM})
         try:
-            rendered = cast(
-                str,
-                self._tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
-                ),
-            )
+            rendered = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except TemplateError as exc:
             raise ConfigError(
                 f"the chat template rejects {[m['role'] for m in messages]} turns ({exc}); "
