@@ -121,6 +121,7 @@ def test_source_reader_agrees_with_the_imported_vllm() -> None:
             value = getattr(value, part)
         if isinstance(value, property):
             continue
+        value = inspect.unwrap(value)  # MiniPIC's own hooks, if this process installed them
         parameters = inspect.signature(value).parameters.values()
         names = tuple({p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "") + p.name for p in parameters)
         bound = not inspect.isfunction(value)  # a classmethod read from its class has no cls
