@@ -1,10 +1,11 @@
 """An independent reference for PIC outputs: Hugging Face transformers with an explicit mask.
 
-Nothing here uses vLLM or MiniPIC code. A prompt is a list of segments; each
-segment's tokens attend causally either from position 0 (``span=False``: text
-before any marker, PDep tails, generated tokens) or from the segment's own start
-(``span=True``: an SSep span sees only itself). Positions are positions in the
-final prompt.
+No vLLM or MiniPIC code computes anything here. A prompt is a list of segments;
+each segment's tokens attend causally either from position 0 (``span=False``:
+text before any marker, PDep tails, generated tokens) or from the segment's own
+start (``span=True``: an SSep span sees only itself). Positions are positions in
+the final prompt. The mask is checked against MiniPIC's SSep/PDep rule (the one
+definition the server applies), so the fixtures and the rule cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
+
+from minipic_kernels.block_kinds import window_starts_of_prompt
 
 BLOCK_SIZE = 16
 
@@ -72,6 +75,7 @@ def window_starts(segments: list[Segment]) -> list[int]:
     for segment in segments:
         starts += [position if segment.span else 0] * len(segment.tokens)
         position += len(segment.tokens)
+    assert starts == window_starts_of_prompt(flatten(segments), BLOCK_SIZE, SSEP, PDEP), "segments break the rule"
     return starts
 
 

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from minipic_client import RetryPolicy, SpanClient, Tokenizer
+from minipic_kernels.block_kinds import BlockKind, block_kind_of, in_span
 from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
 BLOCK_SIZE = 16
@@ -151,18 +152,20 @@ class FakeServer:
         )
 
     def _block_hashes(self, ids: list[int]) -> list[int]:
-        """MiniPIC's rules: SSep blocks hash alone, PDep blocks over everything, others chain."""
+        """MiniPIC's rule: an SSep block hashes alone, the rest of its span chains on it, any
+        other block hashes over everything before it."""
         hashes: list[int] = []
-        parent = 0
+        spanning = False
         for start in range(0, len(ids) - BLOCK_SIZE + 1, BLOCK_SIZE):
             block = tuple(ids[start : start + BLOCK_SIZE])
-            if block[0] == self.ssep:
-                parent = hash(("ssep", block))
-            elif block[0] == self.pdep:
-                parent = hash(("pdep", tuple(ids[: start + BLOCK_SIZE])))
+            kind = block_kind_of(block[0], self.ssep, self.pdep)
+            spanning = in_span(kind, spanning)
+            if kind is BlockKind.SSEP:
+                hashes.append(hash(("span", block)))
+            elif spanning:
+                hashes.append(hash((hashes[-1], block)))
             else:
-                parent = hash((parent, block))
-            hashes.append(parent)
+                hashes.append(hash(("prefix", tuple(ids[: start + BLOCK_SIZE]))))
         return hashes
 
     def _lookup_and_insert(self, ids: list[int]) -> int:

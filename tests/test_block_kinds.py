@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from minipic_kernels.block_kinds import (
-    BlockKind,
     block_kind_of,
     block_kinds_of_tokens,
-    in_span,
+    window_starts_of_prompt,
     window_starts_per_block,
 )
 from minipic_server.config import PicConfig
@@ -21,16 +20,6 @@ PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3)
 B = 4
 
 
-def scalar_window_starts(kinds: list[BlockKind], block_size: int) -> list[int]:
-    """Window start per block, from the scalar rule: a span's blocks attend from its SSep block."""
-    starts, spanning, span_start = [], False, 0
-    for index, kind in enumerate(kinds):
-        spanning = in_span(kind, spanning)
-        span_start = index * block_size if kind is BlockKind.SSEP else span_start
-        starts.append(span_start if spanning else 0)
-    return starts
-
-
 def test_tensor_rule_equals_scalar_rule() -> None:
     rng = random.Random(0)
     tokens = torch.tensor([rng.choice([1, 2, 3, 7, 8, 9]) for _ in range(4096)])
@@ -38,11 +27,15 @@ def test_tensor_rule_equals_scalar_rule() -> None:
     assert kinds.tolist() == [block_kind_of(t, PIC.ssep_token_id, PIC.pdep_token_id) for t in tokens.tolist()]
     for _ in range(200):
         num_blocks = rng.randrange(1, 24)
-        record = torch.tensor([rng.choice(list(BlockKind)) for _ in range(64)], dtype=torch.int8)
+        first_tokens = [rng.choice([PIC.ssep_token_id, PIC.pdep_token_id, 9]) for _ in range(64)]
+        record = block_kinds_of_tokens(torch.tensor(first_tokens), PIC.ssep_token_id, PIC.pdep_token_id)
         table = torch.tensor([rng.sample(range(64), num_blocks) for _ in range(3)])
         windows = window_starts_per_block(table, record, B)
         for row, blocks in zip(windows.tolist(), table.tolist()):
-            assert row == scalar_window_starts([BlockKind(int(record[b])) for b in blocks], B)
+            # A prompt whose blocks start with those tokens (the rest plain), read by the scalar rule.
+            prompt = [t for b in blocks for t in (first_tokens[b], 9, 9, 9)]
+            per_token = window_starts_of_prompt(prompt, B, PIC.ssep_token_id, PIC.pdep_token_id)
+            assert row == per_token[::B]
 
 
 PROMPT = [10, 11, 12, 13, 1, 20, 21, 22, 23, 24, 3, 3, 2, 50, 51]  # plain | SSep span, 2 blocks | PDep tail

@@ -7,14 +7,16 @@ span), PDep (the block depends on the whole prompt before it) or neither
 from there; any other block hashes over, and attends to, everything before it.
 So a cached block never holds keys computed from context its hash does not name.
 
-The block hasher, the metrics and the test fixtures apply the rule token by
-token; attention applies it per physical block in tensor form
-(`window_starts_per_block`), tested equal to the scalar rule.
+The block hasher, the metrics and the test fixtures apply the rule block by block
+(`window_starts_of_prompt` for a whole prompt); the per-step recorder and the
+attention kernels apply it in tensor form (`block_kinds_of_tokens`,
+`window_starts_per_block`), tested equal to the scalar form.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import torch
 
@@ -49,6 +51,20 @@ def in_span(kind: BlockKind, previous_in_span: bool) -> bool:
     """Whether a block of `kind` is in a span: SSep opens one, PDep closes it, and a plain
     block continues what the block before it was."""
     return previous_in_span if kind is BlockKind.PLAIN else kind is BlockKind.SSEP
+
+
+def window_starts_of_prompt(
+    token_ids: Sequence[int], block_size: int, ssep_token_id: int, pdep_token_id: int
+) -> list[int]:
+    """The first position each token of a prompt may attend to, by the rule applied block by block."""
+    starts: list[int] = []
+    spanning, span_start = False, 0
+    for block_start in range(0, len(token_ids), block_size):
+        kind = block_kind_of(token_ids[block_start], ssep_token_id, pdep_token_id)
+        spanning = in_span(kind, spanning)
+        span_start = block_start if kind is BlockKind.SSEP else span_start
+        starts += [span_start if spanning else 0] * len(token_ids[block_start : block_start + block_size])
+    return starts
 
 
 def window_starts_per_block(
