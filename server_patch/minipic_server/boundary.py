@@ -308,9 +308,12 @@ def install(version: str) -> None:
             _load(entry.hook)()
 
 
+_RUN_TIME = frozenset(id(entry) for entry in TABLE if entry.how in (How.PATCH, How.ATTACH))
+
+
 def patch_instance(entry: Intervention, obj: object, value: Any) -> None:
     """Set a vLLM object's attribute that the table declares as patched or attached at run time."""
-    if entry.how not in (How.PATCH, How.ATTACH) or entry not in TABLE:
+    if id(entry) not in _RUN_TIME:  # per request: identity, not a scan of the table
         raise ValueError(f"{entry.target} is not declared as a run-time patch in minipic_server.boundary")
     setattr(obj, entry.attribute, value)
 

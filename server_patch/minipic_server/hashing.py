@@ -68,8 +68,10 @@ def make_pic_block_hasher(
     def hash_new_full_blocks(request: Request) -> list[BlockHash]:
         if request.mm_features:
             raise MiniPICConfigError("MiniPIC does not support multimodal inputs: send text or token ids")
-        state: _ChainState = getattr(request, CHAIN_STATE.attribute, None) or _ChainState()
-        patch_instance(CHAIN_STATE, request, state)
+        state: _ChainState | None = getattr(request, CHAIN_STATE.attribute, None)
+        if state is None:
+            state = _ChainState()
+            patch_instance(CHAIN_STATE, request, state)
         start = len(request.block_hashes) * block_size
         parent = request.block_hashes[-1] if request.block_hashes else None
         new_hashes: list[BlockHash] = []
