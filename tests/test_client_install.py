@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ SYSTEM = "Answer from the documents."
 DOCS = ["The mill was built in 1820 on the north bank.", "The bridge was rebuilt in stone after 1887."]
 TASK = "When was the mill built?"
 RSS_LIMIT_MB = 150
+IGNORED = shutil.ignore_patterns("__pycache__", "*.egg-info")
 
 # Runs inside the fresh environment: connect, answer, and report what it cost.
 CLIENT = """
@@ -48,7 +50,12 @@ asyncio.run(main(*json.loads(sys.argv[1])))
 def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtual environment holding the minipic wheel and its base dependencies only."""
     root = tmp_path_factory.mktemp("client-venv")
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root), str(REPO)])
+    source = root / "source"  # setuptools builds inside the source tree: keep the checkout clean
+    for package_dir in ("server_patch", "kernels", "sdk"):
+        shutil.copytree(REPO / package_dir, source / package_dir, ignore=IGNORED)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, source / name)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root), str(source)])
     run([sys.executable, "-m", "venv", str(root / "venv")])
     run([str(root / "venv" / "bin" / "pip"), "install", "-q", *map(str, root.glob("minipic-*.whl"))])
     return root / "venv" / "bin"

@@ -15,7 +15,7 @@ from minipic_client import ConfigError, Tokenizer
 from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 from minipic_server.tiny_model import SPECIAL_TOKENS
 
-pytest_plugins = ["sdk_fixtures"]  # sdk_tokenizer (transformers), client_tokenizer
+pytest_plugins = ["sdk_fixtures"]  # sdk_tokenizer (transformers), client_tokenizer, fake_client
 
 TEXTS = [
     "The old mill was built in 1820 on the north bank of the river.",
@@ -107,3 +107,9 @@ def test_unusable_tokenizers_fail_with_one_line(
     broken = Tokenizer(client_tokenizer._backend, chat_template="{% if %}")
     with pytest.raises(ConfigError, match="chat template does not compile"):
         broken.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+async def test_span_client_names_a_tokenizer_it_cannot_use(fake_client: Any, sdk_tokenizer: Any) -> None:
+    with pytest.raises(ConfigError, match=f"or a minipic_client.Tokenizer, not a {type(sdk_tokenizer).__name__}"):
+        async with fake_client(tokenizer=sdk_tokenizer):
+            pass

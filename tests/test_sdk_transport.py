@@ -20,7 +20,7 @@ from minipic_client import (
 )
 from minipic_client.transport import Connection
 
-pytest_plugins = ["sdk_fixtures"]  # fake_server, fake_client, sdk_tokenizer
+pytest_plugins = ["sdk_fixtures"]  # fake_server, fake_client, client_tokenizer
 
 FAST = RetryPolicy(attempts=3, total_s=5.0, initial_backoff_s=0.001, max_backoff_s=0.01)
 DOCS = ["The mill stood by the river.\n", "The school had four rooms.\n"]
@@ -175,7 +175,7 @@ def test_a_url_that_is_not_a_server_url_is_named(url, message):
 
 
 @pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
-async def test_an_openai_style_url_is_accepted(fake_server, sdk_tokenizer, suffix):
+async def test_an_openai_style_url_is_accepted(fake_server, client_tokenizer, suffix):
     seen: list[str] = []
 
     async def handle(request: httpx.Request) -> httpx.Response:
@@ -183,7 +183,7 @@ async def test_an_openai_style_url_is_accepted(fake_server, sdk_tokenizer, suffi
         return await fake_server.handle(request)
 
     transport = httpx.MockTransport(handle)
-    async with SpanClient(f"http://fake{suffix}", transport=transport, tokenizer=sdk_tokenizer) as client:
+    async with SpanClient(f"http://fake{suffix}", transport=transport, tokenizer=client_tokenizer) as client:
         await client.rag(task="q", max_tokens=1)
     assert seen[0] == "/minipic/info" and set(seen[1:]) == {"/v1/completions"}
 
@@ -204,7 +204,7 @@ def test_every_error_the_sdk_raises_is_a_minipic_error():
     assert len(errors) >= 10 and all(issubclass(e, MiniPICError) for e in errors)
 
 
-async def test_the_first_contact_gives_up_sooner_than_a_running_client(fake_server, sdk_tokenizer):
+async def test_the_first_contact_gives_up_sooner_than_a_running_client(fake_server, client_tokenizer):
     """An address nothing answers at fails after connect_s; a server that goes away once
     connected (a restart) is waited for up to total_s."""
     policy = RetryPolicy(total_s=10.0, connect_s=0.3, initial_backoff_s=0.01, max_backoff_s=0.05)
@@ -215,7 +215,7 @@ async def test_the_first_contact_gives_up_sooner_than_a_running_client(fake_serv
             raise httpx.ConnectError("connection refused (injected)")
         return await fake_server.handle(request)
 
-    client = SpanClient("http://fake", transport=httpx.MockTransport(handle), retry=policy, tokenizer=sdk_tokenizer)
+    client = SpanClient("http://fake", transport=httpx.MockTransport(handle), retry=policy, tokenizer=client_tokenizer)
     started = time.monotonic()
     with pytest.raises(TransportError, match="connection refused"):
         await client.connect()

@@ -223,6 +223,11 @@ class SpanClient:
         tokenizer = self._tokenizer_arg
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, tokenizer or info.tokenizer)
+        elif not isinstance(tokenizer, Tokenizer):
+            raise ConfigError(
+                "tokenizer= takes a tokenizer directory, a Hugging Face name or a minipic_client.Tokenizer, "
+                f"not a {type(tokenizer).__name__}"
+            )
         if info.marker_ids and max(info.marker_ids) >= len(tokenizer):
             raise ConfigError(
                 f"marker ids {sorted(info.marker_ids)} are outside the tokenizer's "
