@@ -70,12 +70,13 @@ def flatten(segments: list[Segment]) -> list[int]:
     return [t for s in segments for t in s.tokens]
 
 
-def window_starts(segments: list[Segment]) -> list[int]:
+def window_starts(segments: list[Segment], vocabulary: Vocabulary) -> list[int]:
     starts, position = [], 0
     for segment in segments:
         starts += [position if segment.span else 0] * len(segment.tokens)
         position += len(segment.tokens)
-    assert starts == window_starts_of_prompt(flatten(segments), BLOCK_SIZE, SSEP, PDEP), "segments break the rule"
+    by_rule = window_starts_of_prompt(flatten(segments), BLOCK_SIZE, vocabulary.ssep, vocabulary.pdep)
+    assert starts == by_rule, "the segments and MiniPIC's SSep/PDep rule disagree"
     return starts
 
 
@@ -84,14 +85,14 @@ class HFReference:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="eager"
         ).eval()
-        self.markers = vocabulary.markers
+        self.vocabulary = vocabulary
 
     @torch.no_grad()
     def greedy_top_logprobs(
         self, segments: list[Segment], num_tokens: int = 4, top: int = 20
     ) -> tuple[list[int], list[dict[int, float]]]:
         """Greedy tokens and, per step, the top ``top`` logprobs as {token_id: logprob}."""
-        ids, starts = flatten(segments), window_starts(segments)
+        ids, starts = flatten(segments), window_starts(segments, self.vocabulary)
         generated, tops = [], []
         for _ in range(num_tokens):
             length = len(ids)
@@ -106,7 +107,7 @@ class HFReference:
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             best = torch.topk(logprobs, top)  # vLLM reports logprobs before any banning
             tops.append({int(i): float(v) for v, i in zip(best.values, best.indices)})
-            logprobs[self.markers] = float("-inf")  # the server never samples markers
+            logprobs[self.vocabulary.markers] = float("-inf")  # the server never samples markers
             token = int(torch.argmax(logprobs))
             generated.append(token)
             ids.append(token)

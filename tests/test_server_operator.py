@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
-from pic_reference import BLOCK_SIZE, PAD, PDEP, SSEP, dependent, flatten, random_tokens, span, system
+from pic_reference import BLOCK_SIZE, TINY, dependent, flatten, random_tokens, span, system
 from server_api import complete
 from servers import RunningServer
 
@@ -32,7 +32,9 @@ def test_startup_log_block(pic_server: RunningServer) -> None:
     assert log.count("position-independent caching ACTIVE") == 1
     block = log[log.index("position-independent caching ACTIVE"):].splitlines()[:5]
     assert f"vLLM {vllm.__version__}" in block[1]
-    assert block[2].endswith(f"SSep {SSEP} {SSEP_TOKEN!r}, PDep {PDEP} {PDEP_TOKEN!r}, pad {PAD} {PAD_TOKEN!r}")
+    assert block[2].endswith(
+        f"SSep {TINY.ssep} {SSEP_TOKEN!r}, PDep {TINY.pdep} {PDEP_TOKEN!r}, pad {TINY.pad} {PAD_TOKEN!r}"
+    )
     assert f"block size {BLOCK_SIZE} tokens" in block[3]
     assert block[4].endswith("attention backend minipic_server.backends.cpu.PicCpuAttentionBackend")
 
@@ -78,5 +80,5 @@ def test_metrics_count_span_reuse(pic_server: RunningServer) -> None:
 
     before = counters(pic_server)
     complete(pic_server, random_tokens(rng, 40), logprobs=None)  # no markers: counts nothing
-    complete(pic_server, [*prompt[:-1], PAD], logprobs=None)  # a marker request after it, to wait on
+    complete(pic_server, [*prompt[:-1], TINY.pad], logprobs=None)  # a marker request after it, to wait on
     assert counted_after(pic_server, before, requests=1)[COUNTERS[-1]] == 1
