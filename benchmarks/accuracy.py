@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 from minipic_client import BlockAttention, Epic, RagRequest, SpanClient, Strategy
-from minipic_client.launch import local_server
+from minipic_server.launch import local_server
 
 SYSTEM = "Answer the question with a short phrase, using only the passages."
 LAYOUTS = {
@@ -131,7 +131,7 @@ class Runner:
 
     def __init__(self, client: SpanClient, http: httpx.AsyncClient, texts: list[str], max_tokens: int) -> None:
         self.client, self.http, self.texts, self.max_tokens = client, http, texts, max_tokens
-        longest = max(len(client.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+        longest = max(len(client.tokenizer.encode(t, special_tokens_as_text=False)) for t in texts)
         # EPIC with more recomputed blocks than any passage has: every passage is [PDep passage pad].
         self.all_dependent = Epic(k=longest // client.info.block_size + 1)
 

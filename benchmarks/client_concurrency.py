@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from minipic_client.client import pooled_transport
-from minipic_client.launch import free_port
+from minipic_server.launch import free_port
 
 
 def serve(port: int, latency_s: float) -> None:

@@ -86,7 +86,7 @@ async def measure(model_dir: Path, args: argparse.Namespace) -> None:
         "Answer from the documents.",
         max_tokens=args.max_tokens,
     )
-    async with SpanClient("http://mock", tokenizer=tokenizer, transport=transport) as client:
+    async with SpanClient("http://mock", tokenizer=str(model_dir), transport=transport) as client:
         layout = client.rag_layout(request)
         kwargs = {
             "system": request.system,

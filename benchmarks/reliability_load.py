@@ -26,7 +26,7 @@ import httpx
 import psutil
 
 from minipic_client import RagRequest, RagResult, SpanClient
-from minipic_client.launch import local_server
+from minipic_server.launch import local_server
 
 SERVER_ARGS = ("--dtype", "float32", "--block-size", "16", "--max-model-len", "4096",
                "--kv-cache-memory-bytes", str(256 << 20), "--max-num-seqs", "64")

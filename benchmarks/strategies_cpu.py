@@ -23,7 +23,7 @@ from rich.table import Table
 
 from minipic_client import SpanClient, Strategy
 from minipic_client.batch import BatchSummary, read_samples, run_batch
-from minipic_client.launch import local_server
+from minipic_server.launch import local_server
 
 SERVER_ARGS = ("--dtype", "float32", "--block-size", "16", "--max-model-len", "4096",
                "--kv-cache-memory-bytes", str(1 << 30), "--max-num-seqs", "64")

@@ -77,6 +77,10 @@ class FakeServer:
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
 
+    def evict(self) -> None:
+        """Drop every cached block, as vLLM does under memory pressure (same instance)."""
+        self._cache.clear()
+
     def restart(self) -> None:
         self._cache.clear()
         self.info = dict(self.info, instance_id=uuid.uuid4().hex)

@@ -21,7 +21,9 @@ from minipic_server.launch import free_port, serve_argv, stop, wait_until_ready
 
 LOCK_PATH = Path(tempfile.gettempdir()) / "minipic-test-server.lock"
 # Small blocks keep test prompts short; a 256-token step budget exercises chunked prefill.
+# Eager mode: on 2 CPU cores torch.compile makes every start 30-60 s longer, prefill no faster.
 COMMON_ARGS = (
+    "--enforce-eager",
     "--dtype", "float32",
     "--block-size", "16",
     "--max-model-len", "2048",

@@ -7,7 +7,7 @@ import torch
 
 from minipic_kernels.block_kinds import BlockKind
 from minipic_server.backends.common import PicAttentionMetadata
-from minipic_server.block_recorder import BlockKindRecorder, recorded_windows
+from minipic_server.block_recorder import BlockKindRecorder
 from minipic_server.config import MiniPICConfigError, PicConfig
 
 PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3)
@@ -26,6 +26,6 @@ def test_a_step_records_the_first_token_of_every_block_it_starts() -> None:
 def test_attention_without_the_steps_record_fails_clearly() -> None:
     metadata = PicAttentionMetadata(1, 1, 1, 4, *(torch.zeros(1),) * 4)
     with pytest.raises(MiniPICConfigError, match="without this step's block-kind record"):
-        recorded_windows(metadata)
+        metadata.recorded_windows()
     metadata.block_kind, metadata.window_starts = torch.zeros(2), torch.zeros(1, 1)
-    assert recorded_windows(metadata) == (metadata.block_kind, metadata.window_starts)
+    assert metadata.recorded_windows() == (metadata.block_kind, metadata.window_starts)

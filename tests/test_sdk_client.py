@@ -278,3 +278,15 @@ async def test_a_batch_of_mixed_salts_sends_each_salts_prefills_apart(fake_serve
     assert all(isinstance(o, RagResult) for o in outcomes)
     prefills = sorted((r.body.get("cache_salt") or "", r.kind) for r in fake_server.requests if r.kind != "final")
     assert prefills == [(salt, kind) for salt in ("", "a", "b") for kind in ("prefix", "span", "span")]
+
+
+async def test_evicted_spans_are_prefilled_again(fake_server, fake_client):
+    async with fake_client() as client:
+        await client.rag(system=SYSTEM, docs=DOCS[:2], task="q1", max_tokens=1)
+        cacheable = client.rag_layout(RagRequest("q2", DOCS[:2], SYSTEM)).cacheable_tokens
+        fake_server.evict()
+        short = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q2", max_tokens=1)
+        again = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q3", max_tokens=1)
+    assert short.cached_tokens < cacheable
+    assert again.cached_tokens == cacheable
+    assert len(fake_server.of_kind("span")) == 4  # each document prefilled twice

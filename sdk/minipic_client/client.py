@@ -449,6 +449,8 @@ class SpanClient:
                 yield completion.add(event)
         cached = completion.usage.cached_tokens if completion.usage else None
         if cached is not None and cached < job.layout.cacheable_tokens:
+            # Evicted (or lost to a restart): the next sample that needs them prefills them again.
+            self._live.scheduler.forget(job.layout.prefills)
             await self._check_restart()
 
     async def _check_restart(self) -> None:

@@ -102,9 +102,13 @@ class Scheduler:
         self._done: set[bytes] = set()
         self._pending: dict[bytes, asyncio.Task[None]] = {}
 
-    def forget(self) -> None:
-        """Drop the record of completed prefills (the server restarted)."""
-        self._done.clear()
+    def forget(self, prefills: Iterable[Prefill] | None = None) -> None:
+        """Drop the record of completed prefills: all of them (the server restarted) or
+        `prefills` (the server evicted some of them), so the next user sends them again."""
+        if prefills is None:
+            self._done.clear()
+        else:
+            self._done.difference_update(p.key for p in prefills)
 
     async def prefill(self, prefills: Iterable[Prefill]) -> None:
         """Make `prefills` resident, sending only those no one sent or is sending.

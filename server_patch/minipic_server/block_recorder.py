@@ -15,7 +15,7 @@ attention reads it; a block served from the prefix cache keeps its tokens, hence
 its first token, because its hash covers them. Generated tokens can write a block's
 first slot too, but markers are banned from sampling, so they record PLAIN, as
 the hasher counts them. Attention must never run without this step's record
-(`recorded_windows`).
+(`PicAttentionMetadata.recorded_windows`).
 """
 
 from __future__ import annotations
@@ -46,16 +46,6 @@ def record_each_step(model: nn.Module, pic: PicConfig) -> None:
         return original(*args, **kwargs)
 
     patch_instance(MODEL_FORWARD, model, forward)
-
-
-def recorded_windows(metadata: PicAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """This step's block-kind record and window starts; an attention step without them fails."""
-    if metadata.block_kind is None or metadata.window_starts is None:
-        raise MiniPICConfigError(
-            "MiniPIC attention ran without this step's block-kind record: the model's forward did not "
-            "go through minipic_server.block_recorder, so span windows are unknown"
-        )
-    return metadata.block_kind, metadata.window_starts
 
 
 class BlockKindRecorder:

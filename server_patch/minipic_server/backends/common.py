@@ -39,6 +39,15 @@ class PicAttentionMetadata:
     window_starts: torch.Tensor | None = None
     windowed: torch.Tensor | None = None
 
+    def recorded_windows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's block-kind record and window starts; an attention step without them fails."""
+        if self.block_kind is None or self.window_starts is None:
+            raise MiniPICConfigError(
+                "MiniPIC attention ran without this step's block-kind record: the model's forward did not "
+                "go through minipic_server.block_recorder, so span windows are unknown"
+            )
+        return self.block_kind, self.window_starts
+
 
 class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
     """Copies what attention needs out of vLLM's common metadata; windows come later in the step."""
@@ -173,6 +182,7 @@ class PositionFreeAttention:
                 "MiniPIC attention ran without a linked rotary embedding: the model's layers "
                 "do not expose `rotary_emb` next to `attn`, so keys cannot be rotated"
             )
+        attn_metadata.recorded_windows()
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = split_kv_cache(kv_cache)
         self.attend(
