@@ -40,7 +40,7 @@ served)
         --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
         --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/served.log" | grep -v Warning
     # The device returns at most 8 files: the logs and profiles travel as one archive.
-    (cd "$OUT" && tar -czf served-logs.tar.gz --remove-files ./*.log ./*.txt) ;;
+    (cd "$OUT" && shopt -s nullglob && tar -czf served-logs.tar.gz --remove-files ./*.log ./*.txt) ;;
 *)
     echo "usage: bash benchmarks/h200.sh kernel|served [args...]"; exit 2 ;;
 esac
