@@ -35,7 +35,10 @@ def served_table1(data: dict, out: Path) -> None:
     ax.set_xticks([i + width * (len(tokens) - 1) / 2 for i in range(len(names))], names, rotation=20, ha="right",
                   fontsize=8)  # fmt: skip
     ax.set_ylabel("samples / s")
-    ax.set_title(f"2Wiki-like RAG through the served path ({data.get('device', '')}, {data['date'][:10]})", fontsize=10)
+    unique = data.get("unique_document_fraction")
+    reuse = f", {unique:.0%} of documents unique" if unique is not None else ""
+    ax.set_title(f"2Wiki-like RAG through the served path: {data['samples']} samples{reuse} "
+                 f"({data.get('device', '')}, {data['date'][:10]})", fontsize=10)  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -141,7 +144,8 @@ def client_concurrency(data: dict, out: Path) -> None:
 
 FIGURES = (
     ("served-h200.json", "served-table1.png", served_table1),
-    ("served-h200.json", "served-figure2.png", served_figure2),
+    ("served-h200-no-reuse.json", "served-table1-no-reuse.png", served_table1),
+    ("served-h200-no-reuse.json", "served-figure2.png", served_figure2),
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
     ("accuracy-smollm2-cpu.json", "accuracy.png", accuracy),

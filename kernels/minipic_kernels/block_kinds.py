@@ -35,8 +35,13 @@ def marker_kinds(ssep_token_id: int, pdep_token_id: int) -> dict[int, BlockKind]
 
 
 def block_kind_of(first_token: int, ssep_token_id: int, pdep_token_id: int) -> BlockKind:
-    """The kind a block takes from its first token."""
-    return marker_kinds(ssep_token_id, pdep_token_id).get(first_token, BlockKind.PLAIN)
+    """The kind a block takes from its first token (`marker_kinds` spelled out: this runs for
+    every block of every prompt, in the hasher and the metrics)."""
+    if first_token == ssep_token_id:
+        return BlockKind.SSEP
+    if first_token == pdep_token_id:
+        return BlockKind.PDEP
+    return BlockKind.PLAIN
 
 
 def block_kinds_of_tokens(token_ids: torch.Tensor, ssep_token_id: int, pdep_token_id: int) -> torch.Tensor:
