@@ -57,7 +57,7 @@ def case_results() -> dict[str, dict]:
     paths = [str(ROOT / "kernels"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     proc = subprocess.run(
-        [sys.executable, str(HELPER), *CASE_NAMES],
+        [sys.executable, str(HELPER), *CASE_NAMES, "warm_up_coverage"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -79,4 +79,14 @@ def test_kernel_matches_reference(case_results: dict[str, dict], name: str) -> N
     assert name in case_results, f"case {name} produced no result"
     row = case_results[name]
     assert row["ok"], f"{name}: max_err={row['max_err']} tol={row.get('tol')} {row.get('detail', '')}"
+
+
+def test_warm_up_launches_every_variant_that_serving_steps_launch(case_results: dict[str, dict]) -> None:
+    """No kernel compiles after start-up: random steps (decodes, short queries, prefills,
+    chunks, windows, over and under the scratch budget, with and without a stock kernel
+    for window-free prefill) launch no specialisation `warm_up` did not."""
+    row = case_results.get("warm_up_coverage")
+    assert row is not None, "the warm-up coverage check produced no result"
+    assert row["variants_stepped"] > 0
+    assert row["ok"], f"variants launched after warm-up: {row['missing']}"
 

@@ -6,17 +6,23 @@ vLLM, which imports Triton). Run directly:
 
     TRITON_INTERPRET=1 PYTHONPATH=kernels python tests/triton_kernel_cases.py [NAME ...]
 
-It prints one JSON line per case: ``{"name", "ok", "max_err", "tol", "detail"}``.
+It prints one JSON line per case: ``{"name", "ok", "max_err", "tol", "detail"}``; the
+name ``warm_up_coverage`` instead checks that `warm_up` launches every kernel variant that
+random serving steps launch (`warm_up_coverage`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from minipic_kernels import rotary_pages, triton_attention, warmup
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind
 from minipic_kernels.reference import paged_causal_attention_reference, paged_rope_attention_reference
@@ -164,7 +170,99 @@ def _run_case(case: Case) -> dict:
     return {"name": case.name, "ok": max_err <= tol, "max_err": max_err, "tol": tol}
 
 
+def _specialisation(name: str, kernel: Any, args: tuple, kwargs: dict) -> tuple:
+    """What makes Triton compile a kernel anew: its constexprs and launch options, argument
+    dtypes, pointers' 16-byte alignment, integers equal to 1 or divisible by 16 (unless the
+    kernel names them in ``do_not_specialize``)."""
+    unspecialised = set(kernel.kwargs.get("do_not_specialize") or ())
+
+    def of(arg_name: str, arg: Any) -> Any:
+        if isinstance(arg, torch.Tensor):
+            return str(arg.dtype), arg.data_ptr() % 16 == 0
+        if isinstance(arg, bool) or arg_name in unspecialised:
+            return arg if isinstance(arg, bool) else "int"
+        if isinstance(arg, int):
+            return arg == 1, arg % 16 == 0
+        return type(arg).__name__
+
+    specialised = tuple(of(arg_name, arg) for arg_name, arg in zip(kernel.arg_names, args))
+    return name, specialised, tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+
+
+class _LaunchRecorder:
+    """Stands in for a ``@triton.jit`` kernel: records each launch's specialisation, then launches."""
+
+    def __init__(self, name: str, kernel: Any, seen: set[tuple]) -> None:
+        self.name, self.kernel, self.seen = name, kernel, seen
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.seen.add(_specialisation(self.name, self.kernel, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+KERNELS = ((triton_attention, "_attention_kernel"), (triton_attention, "_merge_splits_kernel"),
+           (rotary_pages, "_rotate_into_pages_kernel"))  # fmt: skip
+
+
+def _launches(run: Callable[[], None]) -> set[tuple]:
+    seen: set[tuple] = set()
+    originals = [(module, name, getattr(module, name)) for module, name in KERNELS]
+    for module, name, kernel in originals:
+        setattr(module, name, _LaunchRecorder(name, kernel, seen))
+    try:
+        run()
+    finally:
+        for module, name, kernel in originals:
+            setattr(module, name, kernel)
+    return seen
+
+
+def _random_step(rng: random.Random, limit: int) -> list[tuple[int, int]]:
+    """(seq_len, query_len) per request: decodes, short queries, prefills, chunks over a context."""
+    reqs = []
+    for _ in range(rng.randint(1, 6)):
+        kind = rng.choice(("decode", "short", "prefill", "chunk"))
+        seq = rng.randint(1, 300)
+        query = {"decode": 1, "short": min(seq, rng.randint(2, limit)), "prefill": seq,
+                 "chunk": rng.randint(1, seq)}[kind]  # fmt: skip
+        reqs.append((seq, query))
+    return reqs
+
+
+def warm_up_coverage(steps: int = 16, seed: int = 0) -> dict:
+    """Kernel variants that random serving steps launch and `warm_up` did not, with a stock
+    kernel for window-free prefill (the reference stands in for FlashAttention) and without."""
+    shape = warmup.LayerShape(num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype=torch.float32,
+                              rotary_dim=64, is_neox=True)  # fmt: skip
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+    freqs = torch.outer(torch.arange(4096, dtype=torch.float32), inv_freq)  # a server-length table
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    rng = random.Random(seed)
+    limit = triton_attention.decode_query_limit(shape.num_q_heads // shape.num_kv_heads)
+    missing, warmed, stepped = [], 0, 0
+    for paged_attention in (None, paged_causal_attention_reference):
+        warm = _launches(lambda: warmup.warm_up(shape, cos_sin, 0.125, paged_attention))
+        serving = _launches(lambda: [
+            warmup._run(shape, cos_sin, 0.125, paged_attention, _random_step(rng, limit),
+                        rng.choice((1 << 30, 1 << 30, 0)), 64)
+            for _ in range(steps)
+        ])  # fmt: skip
+        missing += [repr(variant) for variant in serving - warm]
+        warmed, stepped = warmed + len(warm), stepped + len(serving)
+    return {"name": "warm_up_coverage", "ok": not missing, "variants_warmed": warmed,
+            "variants_stepped": stepped, "missing": missing[:5]}  # fmt: skip
+
+
 def main(names: list[str]) -> None:
+    if "warm_up_coverage" in names:
+        try:
+            result = warm_up_coverage()
+        except Exception as exc:  # report, keep going
+            result = {"name": "warm_up_coverage", "ok": False, "variants_stepped": 0, "missing": [repr(exc)]}
+        print(json.dumps(result), flush=True)
     chosen = [c for c in CASES if not names or c.name in names]
     for case in chosen:
         try:
