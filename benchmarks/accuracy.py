@@ -277,7 +277,7 @@ def main() -> None:
         with local_server(args.model, server_args, args.log.with_suffix(".stock.log"), stock=True) as url:
             stock_answers, stock_seconds = asyncio.run(run(
                 url, questions, texts, ["full"], args.max_tokens, args.chunk,
-                allow_stock_server=True, tokenizer=str(args.model), max_in_flight=16,
+                allow_stock_server=True, tokenizer=str(args.model), max_in_flight=_max_num_seqs(server_args),
             ))  # fmt: skip
         answers[STOCK], seconds[STOCK] = stock_answers["full"], stock_seconds["full"]
     elapsed = time.perf_counter() - started
@@ -316,6 +316,11 @@ def main() -> None:
               f"reusable {row['reusable_fraction']:.3f}"
               + (f"  same text as stock {row['same_text_as_stock']:.3f}" if "same_text_as_stock" in row else ""))
     print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
+
+
+def _max_num_seqs(server_args: list[str]) -> int:
+    """The servers' sequence cap, which a client of a stock server must be told (vLLM's default: 256)."""
+    return int(server_args[server_args.index("--max-num-seqs") + 1]) if "--max-num-seqs" in server_args else 256
 
 
 def _cpu_count() -> int:

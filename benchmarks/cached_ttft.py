@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from served import SERVERS, first_token_s, passages_as_docs, profiled, running  # noqa: E402
+from served import SERVERS, add_server_arguments, first_token_s, passages_as_docs, profiled, running  # noqa: E402
 from workload import SYSTEM  # noqa: E402
 
 from minipic_client import RagRequest, SpanClient, Strategy  # noqa: E402
@@ -73,15 +73,10 @@ async def measure(url: str, args: argparse.Namespace, docs: list[str], process, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--passages", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    add_server_arguments(parser)
     parser.add_argument("--docs", type=int, default=32)
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--start-timeout", type=float, default=600)
-    parser.add_argument("--server-arg", action="append", default=[], help="passed to the server (repeat)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 

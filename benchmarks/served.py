@@ -374,12 +374,20 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments `running` and the workload read: model, tokenizer, passages, output, server flags."""
     parser.add_argument("--model", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--passages", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--start-timeout", type=float, default=600)
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra argument for every server, e.g. --server-arg=--load-format=dummy")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_arguments(parser)
     parser.add_argument("--servers", nargs="+", choices=list(SERVERS),
                         default=["stock-fa3", "stock-triton", "pic-256", "pic-64", "pic-1024"])  # fmt: skip
     parser.add_argument("--parts", nargs="+", default=["table1", "figure2", "long", "small"],
@@ -392,12 +400,9 @@ def main() -> None:
     parser.add_argument("--figure2-reps", type=int, default=3)
     parser.add_argument("--figure2-docs", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--long-doc-tokens", type=int, default=4096)
-    parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--profile", action="store_true", help="py-spy the ISPS run of each minipic server")
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--small-requests", type=int, default=600)
-    parser.add_argument("--server-arg", action="append", default=[],
-                        help="extra argument for every server, e.g. --server-arg=--load-format=dummy")  # fmt: skip
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sys.exit(asyncio.run(main_async(args)))
