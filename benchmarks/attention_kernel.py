@@ -12,7 +12,10 @@ CPU cost of dispatch is reported separately. Sections:
 
 - ``correctness``: every path against the fp32 torch reference (rel. L2 error), for head
   sizes 64/128/256, neox/gptj, partial rotary, scaled tables, a block twice in one table;
+- ``kv_write``: MiniPIC's cache write (keys rotated by their slot) / vLLM's Triton write;
 - ``prefill``, ``chunked``, ``windowed``, ``decode``: times, ours / FA3;
+- ``decode_variants`` (not by default): the decode launch alone, over block-relative and
+  over pre-rotated keys, a few launch shapes;
 - ``jit``: after `warm_up`, a random mix of batches compiles no kernel.
 """
 
@@ -32,7 +35,7 @@ import triton
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind, requests_with_windows, window_starts_per_block
 from minipic_kernels.reference import paged_rope_attention_reference, rotate
-from minipic_kernels.triton_attention import AttentionConfig, decode_config
+from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch
 from minipic_kernels.warmup import LayerShape, warm_up
 
 DEVICE = torch.device("cuda")
@@ -140,8 +143,9 @@ class Batch:
         return paged_rope_attention_reference(**args, window_starts=self.window_starts)
 
     def rotated_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """FA3's own layout (blocks, block_size, heads, head) with keys rotated at their
-        index in request 0 (the timed FA3 cases have one request, or equal layouts)."""
+        """FA3's own layout (blocks, block_size, heads, head) with the cache's block-relative
+        keys rotated by their block's start (the timed FA3 cases have one request, or equal
+        layouts): the keys a stock server would hold."""
         s = self.shape
         k = self.key_cache.contiguous().clone()
         v = self.value_cache.contiguous()
@@ -150,6 +154,7 @@ class Batch:
             ids = self.block_table[r, :nb].long()
             keys = k[ids].reshape(-1, s.num_kv_heads, s.head_size)
             pos = torch.arange(keys.shape[0], device=DEVICE)
+            pos = pos - pos % s.block_size
             k[ids] = rotate(keys, pos, self.cos_sin, s.rotary_dim, s.is_neox).to(s.dtype).view(
                 nb, s.block_size, s.num_kv_heads, s.head_size)
         return k, v
@@ -213,7 +218,8 @@ def section_correctness(fa) -> list[dict]:
             for path, kwargs in {
                 "default": {},
                 "in_kernel_rotation": {"budget": 0},
-                "decode_absolute": {"decode": dataclasses.replace(decode_config(shape.head_size), relative=False)},
+                "decode_one_block_per_tile": {"decode": dataclasses.replace(decode_config(shape.head_size),
+                                                                            block_n=shape.block_size)},
                 "no_stock_kernel": {"fa": None},
             }.items():
                 out = torch.full_like(batch.query, float("nan"))
@@ -266,10 +272,63 @@ def section_times(fa, fa_func, version, sections: set[str]) -> list[dict]:
     if "decode" in sections:
         for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024)):
             batch = Batch(LLAMA3, [(ctx, 1)] * reqs)
-            row = timed_case(f"decode_{reqs}x{ctx}", batch, fa, fa_func, version)
-            absolute = dataclasses.replace(decode_config(128), relative=False)
-            row["ours_absolute_rotation_ms"] = graph_ms(batch.ours(torch.empty_like(batch.query), fa, decode=absolute))
-            rows.append(row)
+            rows.append(timed_case(f"decode_{reqs}x{ctx}", batch, fa, fa_func, version))
+    return rows
+
+
+def section_decode_variants(fa_func, version) -> list[dict]:
+    """Where decode time goes: the decode launch alone over block-relative keys (queries
+    rotated per KV block) and over keys rotated beforehand (no rotation work at all), for
+    a few launch shapes, against FA3 on the rotated keys. GB/s counts K and V read once."""
+    rows = []
+    s = LLAMA3
+    configs = [AttentionConfig(16, 64, 4, 4), AttentionConfig(16, 64, 4, 3), AttentionConfig(16, 128, 8, 4),
+               AttentionConfig(16, 32, 4, 3)]  # fmt: skip
+    for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024)):
+        batch = Batch(s, [(ctx, 1)] * reqs)
+        fa3_ms = graph_ms(stock_fa(batch, torch.empty_like(batch.query), fa_func, version))
+        gbytes = reqs * ctx * s.num_kv_heads * s.head_size * 2 * 2 / 1e9
+        k_rot, v_rot = batch.rotated_cache()
+        block_relative = TileLaunch(batch.query, batch.key_cache, batch.value_cache, batch.block_table,
+                                    batch.query_start_loc, batch.seq_lens, batch.window_starts, batch.cos_sin,
+                                    s.rotary_dim, s.is_neox, batch.scale, ctx)  # fmt: skip
+        rotated = dataclasses.replace(block_relative, key_cache=k_rot, value_cache=v_rot, rotary_dim=0)
+        out = torch.empty_like(batch.query)
+        for cfg in configs:
+            for name, work in (("block_relative", block_relative), ("prerotated", rotated)):
+                ms = graph_ms(lambda w=work, c=cfg: launch(w, out, c, decode=True, num_tokens=reqs, max_query_len=1))
+                row = {"case": f"decode_{reqs}x{ctx}", "variant": name, "config": dataclasses.asdict(cfg),
+                       "ms": ms, "fa3_ms": fa3_ms, "ratio": ms / fa3_ms, "gb_per_s": gbytes / ms * 1e3}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
+def section_kv_write() -> list[dict]:
+    """MiniPIC's cache write (keys rotated by their slot) against vLLM's own Triton write."""
+    from vllm.v1.attention.ops.triton_reshape_and_cache_flash import triton_reshape_and_cache_flash
+
+    from minipic_kernels.kv_write import write_kv
+
+    s, rows = LLAMA3, []
+    for tokens in (256, 8192):
+        batch = Batch(s, [(tokens, tokens)])
+        width = (s.num_q_heads + 2 * s.num_kv_heads) * s.head_size
+        qkv = torch.randn(tokens, width, device=DEVICE).to(s.dtype)
+        key = qkv[:, s.num_q_heads * s.head_size : (s.num_q_heads + s.num_kv_heads) * s.head_size]
+        value = qkv[:, (s.num_q_heads + s.num_kv_heads) * s.head_size :]
+        key = key.view(tokens, s.num_kv_heads, s.head_size)
+        value = value.view(tokens, s.num_kv_heads, s.head_size)
+        pos = torch.arange(tokens, device=DEVICE)
+        slots = batch.block_table[0, pos // s.block_size].long() * s.block_size + pos % s.block_size
+        one = torch.ones((), device=DEVICE)
+        ours = graph_ms(lambda: write_kv(key, value, batch.key_cache, batch.value_cache, slots, batch.cos_sin,
+                                         s.rotary_dim, s.is_neox))  # fmt: skip
+        stock = graph_ms(lambda: triton_reshape_and_cache_flash(key, value, batch.key_cache, batch.value_cache, slots,
+                                                                "auto", one, one))  # fmt: skip
+        row = {"case": f"kv_write_{tokens}", "ours_ms": ours, "vllm_ms": stock, "ratio": ours / stock}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
     return rows
 
 
@@ -312,7 +371,7 @@ def section_jit(fa) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--sections", default="jit,correctness,prefill,chunked,windowed,decode")
+    parser.add_argument("--sections", default="jit,correctness,kv_write,prefill,chunked,windowed,decode")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     fa, fa_func, version = flash_attention()
@@ -338,6 +397,10 @@ def main() -> None:
         worst = max(r["rel_l2"] for r in result["correctness"])
         print(json.dumps({"correctness_worst_rel_l2": worst,
                           "any_nan": any(r["nan"] for r in result["correctness"])}), flush=True)  # fmt: skip
+    if "decode_variants" in sections:
+        result["decode_variants"] = section_decode_variants(fa_func, version)
+    if "kv_write" in sections:
+        result["kv_write"] = section_kv_write()
     result["times"] = section_times(fa, fa_func, version, sections)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -34,7 +34,7 @@ CASE_NAMES = [
     "f32_group3_padded",
     "f32_wide_tiles",
     "f32_decode_splits",
-    "f32_decode_absolute",
+    "f32_decode_one_block_per_tile",
     "f32_decode_only",
     "f32_default_configs",
     "f16_default_configs_d128",
@@ -44,8 +44,13 @@ CASE_NAMES = [
     "f32_dense_plain",
     "f16_dense_gptj_dup",
     "f32_scaled_table",
-    "f32_short_table_absolute",
+    "f32_short_table",
     "f32_host_upper_bounds",
+    "write_kv_neox_rot64",
+    "write_kv_gptj_rot32",
+    "write_then_attend_float32",
+    "write_then_attend_float16",
+    "write_then_attend_float32_reference",
 ]
 
 

@@ -22,10 +22,16 @@ from typing import Any
 
 import torch
 
-from minipic_kernels import rotary_pages, triton_attention, warmup
+from minipic_kernels import kv_write, rotary_pages, triton_attention, warmup
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind
-from minipic_kernels.reference import paged_causal_attention_reference, paged_rope_attention_reference
+from minipic_kernels.reference import (
+    paged_causal_attention_reference,
+    paged_rope_attention_reference,
+    rotate,
+    unit_rotation_table,
+    write_kv_reference,
+)
 from minipic_kernels.triton_attention import AttentionConfig
 
 
@@ -43,7 +49,7 @@ class Case:
     kinds: str = "mixed"  # "plain" | "mixed" (SSep/PDep blocks)
     duplicate_block: bool = False  # one physical block twice in a table
     prefill: AttentionConfig | None = AttentionConfig(32, 16, 4, 1)
-    decode: AttentionConfig | None = AttentionConfig(16, 16, 4, 1, relative=True, num_splits=1)
+    decode: AttentionConfig | None = AttentionConfig(16, 32, 4, 1, num_splits=1)
     # "scratch": prefill by the tile kernel over rotated scratch pages; "dense": window-free
     # prefill by a stock paged kernel (the reference stands in for FlashAttention);
     # "in_kernel": no scratch budget, keys rotated in the tile kernel.
@@ -121,10 +127,10 @@ CASES = [
     Case("f32_plain_windows", MIXED, kinds="plain", seed=8),
     Case("f32_group3_padded", [(45, 45), (33, 1)], group=3, seed=9),
     Case("f32_wide_tiles", MIXED, prefill=AttentionConfig(16, 32, 4, 1),
-         decode=AttentionConfig(16, 32, 4, 1, relative=True, num_splits=1), seed=10),
+         decode=AttentionConfig(16, 64, 4, 1, num_splits=1), seed=10),
     Case("f32_decode_splits", [(96, 40), (120, 1), (64, 2)], group=2,
-         decode=AttentionConfig(16, 16, 4, 1, relative=True, num_splits=4), seed=11),
-    Case("f32_decode_absolute", [(120, 1), (64, 2), (40, 40)], group=2,
+         decode=AttentionConfig(16, 32, 4, 1, num_splits=4), seed=11),
+    Case("f32_decode_one_block_per_tile", [(120, 1), (64, 2), (40, 40), (77, 1)], group=2, block_size=32,
          decode=AttentionConfig(16, 16, 4, 1, num_splits=3), seed=12),
     Case("f32_decode_only", [(70, 1), (33, 1), (100, 1)], group=4, seed=13),
     Case("f32_default_configs", [(150, 150), (90, 1), (70, 9)], group=2, prefill=None, decode=None,
@@ -139,8 +145,8 @@ CASES = [
     Case("f16_dense_gptj_dup", [(80, 80), (48, 2), (64, 30)], is_neox=False, dtype=F16,
          duplicate_block=True, mode="dense", seed=20),
     Case("f32_scaled_table", MIXED, group=2, table_scale=1.3, seed=21),
-    Case("f32_short_table_absolute", [(20, 20), (12, 1)], table_rows=24,
-         decode=AttentionConfig(16, 32, 4, 1, relative=True, num_splits=1), seed=22),
+    Case("f32_short_table", [(20, 20), (12, 1)], table_rows=24,
+         decode=AttentionConfig(16, 64, 4, 1, num_splits=1), seed=22),
     Case("f32_host_upper_bounds", DENSE, group=2, mode="dense", host_upper_bounds=40, seed=23),
 ]
 
@@ -168,6 +174,87 @@ def _run_case(case: Case) -> dict:
     err = (out.float() - ref.float()).abs()
     max_err = float(err.nan_to_num(float("inf")).max())
     return {"name": case.name, "ok": max_err <= tol, "max_err": max_err, "tol": tol}
+
+
+def _rope_table(rows: int, rot: int, scale: float = 1.0) -> torch.Tensor:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    freqs = torch.outer(torch.arange(rows, dtype=torch.float32), inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * scale
+
+
+def write_kv_case(is_neox: bool, rotary_dim: int, seed: int) -> dict:
+    """`kv_write.write_kv` equals `write_kv_reference`: strided key/value views of a fused
+    qkv, padding slots (-1) and rows past the slot mapping left alone."""
+    g = torch.Generator().manual_seed(seed)
+    bs, hkv, d, tokens = 16, 3, 64, 40
+    qkv = torch.randn(tokens + 4, (2 + 2 * hkv) * d, generator=g)
+    key = qkv[:, 2 * d : (2 + hkv) * d].view(tokens + 4, hkv, d)
+    value = qkv[:, (2 + hkv) * d :].view(tokens + 4, hkv, d)
+    slots = torch.randperm(6 * bs, generator=g)[:tokens]
+    slots[[3, 17]] = -1
+    table = _rope_table(bs, rotary_dim, 1.2)
+    caches = []
+    for write in (write_kv_reference, kv_write.write_kv):
+        packed = torch.zeros(6, hkv, bs, 2 * d)
+        key_cache, value_cache = packed.transpose(1, 2).split(d, dim=-1)
+        write(key, value, key_cache, value_cache, slots, table, rotary_dim, is_neox)
+        caches.append(packed)
+    max_err = float((caches[0] - caches[1]).abs().max())
+    name = f"write_kv_{'neox' if is_neox else 'gptj'}_rot{rotary_dim}"
+    return {"name": name, "ok": max_err <= 1e-5, "max_err": max_err, "tol": 1e-5}
+
+
+def write_then_attend_case(dtype: torch.dtype, seed: int, *, gpu_path: bool = True) -> dict:
+    """The convention end to end: keys written by `write_kv` (model table, scaled like YaRN)
+    and attended by `paged_rope_attention` (its unit table) equal plain causal attention
+    over keys rotated by the model table at their positions (no pages, no MiniPIC code).
+    ``gpu_path=False``: the CPU backend's pair, `write_kv_reference` and the reference."""
+    write = kv_write.write_kv if gpu_path else write_kv_reference
+    g = torch.Generator().manual_seed(seed)
+    bs, hkv, group, d = 16, 2, 2, 64
+    lens = [(75, 75), (50, 1), (90, 30)]  # (seq_len, query_len): a prefill, a decode, a chunk
+    table = _rope_table(128, d, 1.25)
+    blocks = [-(-n // bs) for n, _ in lens]
+    block_table = torch.zeros(len(lens), max(blocks), dtype=torch.int32)
+    perm = torch.randperm(sum(blocks) + 2, generator=g)
+    packed = torch.zeros(sum(blocks) + 2, hkv, bs, 2 * d, dtype=dtype)
+    key_cache, value_cache = packed.transpose(1, 2).split(d, dim=-1)
+    queries, expected, at = [], [], 0
+    for r, (n, q) in enumerate(lens):
+        block_table[r, : blocks[r]] = perm[at : at + blocks[r]].to(torch.int32)
+        at += blocks[r]
+        keys = torch.randn(n, hkv, d, generator=g).to(dtype)
+        values = torch.randn(n, hkv, d, generator=g).to(dtype)
+        slots = block_table[r, torch.arange(n) // bs].long() * bs + torch.arange(n) % bs
+        write(keys, values, key_cache, value_cache, slots, table, d, True)
+        query = torch.randn(q, hkv * group, d, generator=g).to(dtype)
+        queries.append(query)
+        k = rotate(keys, torch.arange(n), table, d, True).repeat_interleave(group, 1).transpose(0, 1)
+        scores = query.float().transpose(0, 1) @ k.transpose(1, 2) * d**-0.5
+        causal = torch.arange(n)[None, :] <= torch.arange(n - q, n)[:, None]
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        expected.append((probs @ values.float().repeat_interleave(group, 1).transpose(0, 1)).transpose(0, 1))
+    qsl = torch.tensor([0, 75, 76, 106], dtype=torch.int32)
+    args = (torch.cat(queries), key_cache, value_cache, block_table, qsl,
+            torch.tensor([n for n, _ in lens], dtype=torch.int32), torch.zeros(packed.shape[0], dtype=torch.int8),
+            unit_rotation_table(table), d, True, d**-0.5)  # fmt: skip
+    if gpu_path:
+        out = paged_rope_attention(*args, paged_attention=paged_causal_attention_reference)
+    else:
+        out = paged_rope_attention_reference(*args)
+    max_err = float((out.float() - torch.cat(expected)).abs().max())
+    tol = 2e-2 if dtype == torch.float16 else 1e-3
+    name = f"write_then_attend_{str(dtype).split('.')[-1]}{'' if gpu_path else '_reference'}"
+    return {"name": name, "ok": max_err <= tol, "max_err": max_err, "tol": tol}
+
+
+EXTRA_CASES: dict[str, Callable[[], dict]] = {
+    "write_kv_neox_rot64": lambda: write_kv_case(True, 64, 30),
+    "write_kv_gptj_rot32": lambda: write_kv_case(False, 32, 31),
+    "write_then_attend_float32": lambda: write_then_attend_case(torch.float32, 32),
+    "write_then_attend_float16": lambda: write_then_attend_case(torch.float16, 33),
+    "write_then_attend_float32_reference": lambda: write_then_attend_case(torch.float32, 34, gpu_path=False),
+}
 
 
 def _specialisation(name: str, kernel: Any, args: tuple, kwargs: dict) -> tuple:
@@ -204,7 +291,7 @@ class _LaunchRecorder:
 
 
 KERNELS = ((triton_attention, "_attention_kernel"), (triton_attention, "_merge_splits_kernel"),
-           (rotary_pages, "_rotate_into_pages_kernel"))  # fmt: skip
+           (rotary_pages, "_rotate_into_pages_kernel"), (kv_write, "_write_kv_kernel"))  # fmt: skip
 
 
 def _launches(run: Callable[[], None]) -> set[tuple]:
@@ -263,6 +350,13 @@ def main(names: list[str]) -> None:
         except Exception as exc:  # report, keep going
             result = {"name": "warm_up_coverage", "ok": False, "variants_stepped": 0, "missing": [repr(exc)]}
         print(json.dumps(result), flush=True)
+    for name, run in EXTRA_CASES.items():
+        if not names or name in names:
+            try:
+                result = run()
+            except Exception as exc:  # report, keep going
+                result = {"name": name, "ok": False, "max_err": None, "detail": repr(exc)}
+            print(json.dumps(result), flush=True)
     chosen = [c for c in CASES if not names or c.name in names]
     for case in chosen:
         try:

@@ -1,17 +1,25 @@
 """Attention kernels for position-independent caching.
 
-Keys live in the paged KV cache *unrotated*; attention rotates each key by its
-index in the current request and restricts each query row to its span window.
+Keys live in the paged KV cache *block-relative* (rotated by their slot in their block
+only); attention adds the rotation of the block's position in the current request and
+restricts each query row to its span window.
 `reference` is the readable torch definition of that contract (and the CPU
 path); `triton_attention` is the GPU implementation of the same contract.
 """
 
 from minipic_kernels.block_kinds import BlockKind, window_starts_per_block
-from minipic_kernels.reference import paged_rope_attention_reference, rotate
+from minipic_kernels.reference import (
+    paged_rope_attention_reference,
+    rotate,
+    unit_rotation_table,
+    write_kv_reference,
+)
 
 __all__ = [
     "BlockKind",
     "paged_rope_attention_reference",
     "rotate",
+    "unit_rotation_table",
     "window_starts_per_block",
+    "write_kv_reference",
 ]

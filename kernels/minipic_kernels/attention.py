@@ -1,11 +1,12 @@
-"""GPU attention over unrotated keys: which kernel computes which rows of a step.
+"""GPU attention over block-relative keys: which kernel computes which rows of a step.
 
 Implements the contract of `minipic_kernels.reference.paged_rope_attention_reference`.
 A step's requests fall into three groups, each computed by the fastest kernel that is
 exact for it:
 
-* **decode** (at most `decode_query_limit` query tokens): the Triton kernel, rotating keys
-  in registers as it reads them from the paged cache (memory-bound: one pass over K/V);
+* **decode** (at most `decode_query_limit` query tokens): the Triton kernel, rotating the
+  query per KV block instead of the keys, so K/V stream from the paged cache into the dot
+  (memory-bound: one pass over K/V);
 * **prefill without windows** (every row's window starts at 0, which is what a span
   prefill, a final prompt over cached spans and a plain prompt are): the step's keys are
   rotated once into scratch pages (`rotary_pages`), then a stock causal paged kernel
@@ -76,6 +77,7 @@ class StepPlan:
 
     max_query_len: int
     max_seq_len: int
+    max_decode_query_len: int
     has_decode: bool
     has_prefill: bool
     page_start: torch.Tensor | None = None
@@ -121,10 +123,12 @@ def plan_step(
     """
     limit = decode_query_limit(group)
     is_prefill = [q > limit for q in query_lens]
+    decode_lens = [q for q in query_lens if 0 < q <= limit]
     plan = StepPlan(
         max_query_len=max(query_lens, default=0),
         max_seq_len=max_seq_len,
-        has_decode=any(0 < q <= limit for q in query_lens),
+        max_decode_query_len=max(decode_lens, default=0),
+        has_decode=bool(decode_lens),
         has_prefill=any(is_prefill),
     )
     if not plan.has_prefill:
@@ -168,7 +172,7 @@ def paged_rope_attention(
     prefill: AttentionConfig | None = None,
     decode: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    """Attention of each request's query rows over its paged, unrotated keys.
+    """Attention of each request's query rows over its paged, block-relative keys.
 
     Shapes and semantics as `paged_rope_attention_reference`. ``plan`` comes from
     `plan_step` (computed here with a host sync when omitted, for standalone use);
@@ -207,7 +211,7 @@ def paged_rope_attention(
         _prefill(work, output, plan, cfg, windowed, paged_attention, num_tokens)
     if plan.has_decode:
         launch(work, output, decode or decode_config(head_size), decode=True, num_tokens=num_tokens,
-               max_query_len=plan.max_query_len)  # fmt: skip
+               max_query_len=plan.max_decode_query_len)  # fmt: skip
     return output
 
 

@@ -1,20 +1,26 @@
-"""Torch reference for paged attention over unrotated keys with span windows.
+"""Torch reference for paged attention over block-relative keys with span windows.
 
 This is the contract every MiniPIC attention kernel implements, written for
-clarity rather than speed. vLLM's CPU path uses it directly; the Triton kernel
-is tested against it.
+clarity rather than speed. vLLM's CPU path uses it directly; the Triton kernels
+are tested against it.
 
-Conventions (shared with the Triton kernel):
+Conventions (shared with the Triton kernels):
 - ``query``: ``(num_tokens, num_q_heads, head_size)``, already rotated by the model
   at its position (the position of query token ``i`` of request ``r`` is
   ``seq_lens[r] - query_len[r] + i``).
 - ``key_cache`` / ``value_cache``: ``(num_blocks, block_size, num_kv_heads,
   head_size)``, any strides (vLLM hands out strided views of one packed tensor).
-  Keys are *unrotated*.
+  Keys are *block-relative*: `write_kv_reference` stores each key rotated by its slot
+  in its block (``position % block_size``), by the model's own table. A block's keys
+  thus depend on its tokens only, never on where the block sits in a prompt, and
+  blocks always start at multiples of ``block_size``.
 - ``cos_sin``: ``(max_positions, rotary_dim)`` float32, ``cat(cos, sin)`` halves,
-  the same layout as vLLM's ``cos_sin_cache``.
-- Key ``j`` of a request is rotated by position ``j``; a query at position ``p`` in
-  logical block ``p // block_size`` attends keys ``window_start .. p``.
+  the same layout as vLLM's ``cos_sin_cache``. The attention side applies it as a pure
+  rotation (`unit_rotation_table`), the write side as the model does (scaled tables too):
+  ``R(b) . R_model(j - b) == R_model(j)``.
+- Key ``j`` of a request is rotated by its block's first position ``j - j % block_size``;
+  a query at position ``p`` in logical block ``p // block_size`` attends keys
+  ``window_start .. p``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,40 @@ def rotate(
     return torch.cat((rotated, rest), dim=-1)
 
 
+def unit_rotation_table(cos_sin: torch.Tensor) -> torch.Tensor:
+    """The table with each (cos, sin) pair scaled to length 1: the rotation alone, without
+    the magnitude some rotary variants (YaRN) fold into their tables."""
+    cos, sin = cos_sin.float().chunk(2, dim=-1)
+    norm = torch.sqrt(cos * cos + sin * sin)
+    return torch.cat((cos / norm, sin / norm), dim=-1).contiguous()
+
+
+def write_kv_reference(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    is_neox: bool,
+) -> None:
+    """Store a step's keys (rotated by their slot in the block) and values; slot -1 is padding.
+
+    ``key``/``value``: ``(num_tokens, num_kv_heads, head_size)``, unrotated keys; rows past
+    ``slot_mapping``'s length are ignored.
+    """
+    num_tokens = min(slot_mapping.shape[0], key.shape[0])
+    slots = slot_mapping[:num_tokens]
+    valid = slots >= 0
+    slots = slots[valid].long()
+    block_size = key_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    keys = rotate(key[:num_tokens][valid], offsets, cos_sin, rotary_dim, is_neox)
+    key_cache[blocks, offsets] = keys.to(key_cache.dtype)
+    value_cache[blocks, offsets] = value[:num_tokens][valid].to(value_cache.dtype)
+
+
 def paged_rope_attention_reference(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -57,7 +97,7 @@ def paged_rope_attention_reference(
     *,
     window_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of each request's query rows over its paged, unrotated keys.
+    """Attention of each request's query rows over its paged, block-relative keys.
 
     ``window_starts`` (from `window_starts_per_block`) may be passed when the
     caller already derived them for this step. Returns ``output`` (allocated like
@@ -84,7 +124,7 @@ def paged_rope_attention_reference(
         keys = key_cache[blocks].reshape(-1, num_kv_heads, key_cache.shape[-1])[:seq_len]
         values = value_cache[blocks].reshape(-1, num_kv_heads, value_cache.shape[-1])[:seq_len]
         key_positions = torch.arange(seq_len, device=query.device)
-        keys = rotate(keys, key_positions, cos_sin, rotary_dim, is_neox)
+        keys = rotate(keys, key_positions - key_positions % block_size, cos_sin, rotary_dim, is_neox)
         q_positions = torch.arange(seq_len - (q_end - q_begin), seq_len, device=query.device)
         window = windows[r, q_positions // block_size]
         allowed = (key_positions[None, :] <= q_positions[:, None]) & (

@@ -1,8 +1,9 @@
 """Rotate a step's keys once into scratch pages, for kernels that take rotated keys.
 
 FlashAttention (and the tile kernel with rotation compiled out) read keys that are already
-rotated. This pre-pass copies the selected requests' keys, each rotated by its index in
-its request, and their values into contiguous pages laid out like vLLM's paged cache,
+rotated. This pre-pass copies the selected requests' keys, each rotated by the first
+position of its block in its request (the cache holds them rotated by their slot in the
+block, `kv_write`), and their values into contiguous pages laid out like vLLM's paged cache,
 ``(pages, block_size, num_kv_heads, head_size)``: request ``r`` owns pages
 ``page_start[r] ..`` in logical order. Reading a page costs one pass over the keys,
 instead of one rotation per query tile that visits them.
@@ -28,7 +29,8 @@ def _rotate_into_pages_kernel(
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, ROT_HALF_P: tl.constexpr,
     IS_NEOX: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
 ):
-    """Program (request, logical block): that block's keys rotated, and its values, into one page."""
+    """Program (request, logical block): that block's keys rotated by its first position, and
+    its values, into one page."""
     req = tl.program_id(0)
     blk = tl.program_id(1)
     first_page = tl.load(page_start_ptr + req)
@@ -44,7 +46,7 @@ def _rotate_into_pages_kernel(
     d_ok = offs_d < HEAD
     offs_h = tl.arange(0, ROT_HALF_P)
     h_ok = offs_h < ROT_HALF
-    cos, sin = _table_rows(cos_sin_ptr, pos, pos_ok, stride_cs, ROT_HALF, ROT_HALF_P)
+    cos, sin = _table_rows(cos_sin_ptr, pos - offs_s, pos_ok, stride_cs, ROT_HALF, ROT_HALF_P)
     for h in range(num_kv_heads):
         k_rows = k_ptr + phys * stride_kb + offs_s * stride_ks + h * stride_kh
         v_rows = v_ptr + phys * stride_vb + offs_s * stride_vs + h * stride_vh

@@ -1,28 +1,28 @@
-"""Triton paged attention over unrotated (or pre-rotated) keys with span windows.
+"""Triton paged attention over block-relative (or pre-rotated) keys with span windows.
+
+The cache holds each key rotated by its slot in its KV block (`kv_write`); attention adds
+the rotation of the block's first position ``b``, from ``cos_sin`` (a pure rotation).
 
 One kernel body, two launch shapes (the `launch` function picks one):
 
 * **decode**: one program per (request, kv head, key split) for requests with at most
-  ``BLOCK_Q`` query tokens; the key range is split across programs whose partial
-  softmax states `_merge_splits_kernel` combines (flash-decoding).
+  `decode_query_limit` query tokens; the key range is split across programs whose partial
+  softmax states `_merge_splits_kernel` combines (flash-decoding). Keys are never rotated
+  here: a key tile spans ``NROT`` KV blocks, and each (token, head) gets ``NROT`` query
+  rows, row ``r`` rotated back by the start of the tile's ``r``-th block and attending only
+  that block's keys, ``R(p_q) q . R(b) k' = R(b)^T R(p_q) q . k'``. The rows of one
+  (token, head) are merged at the end like key splits (`_merge_rotations`). Decode reads
+  K/V straight into the dot, so it streams the cache as fast as a kernel over rotated keys.
 * **tiles**: programs over query tiles of the remaining requests (optionally only those a
   per-request flag selects); the tile -> request map is a binary search over
-  ``query_start_loc`` inside the kernel, so the grid is an upper bound from host ints.
+  ``query_start_loc`` inside the kernel, so the grid is an upper bound from host ints. Keys
+  are rotated in registers by their block's start (a query tile is too large to rotate
+  per block; prefill normally reads keys rotated once by `rotary_pages` instead).
 
-Query rows are *packed by GQA group* (``BLOCK_Q`` tokens x ``GROUP_P`` heads per tile), so
-each key/value tile is loaded once per kv head. The key range of a tile runs from the
-lowest window start of its rows to its last query position: tiles wholly outside every
-row's window are never visited, which keeps Block-Attention prefill linear in the number
-of spans.
-
-Keys are rotated in registers in one of two ways (``RELATIVE``):
-
-* absolute: each key row by its own position, ``k1 c - k2 s`` / ``k2 c + k1 s`` from the
-  table rows of those positions;
-* relative: the query tile is rotated back by the key tile's first position ``n0`` and the
-  key rows by their offset ``j = p - n0`` only, from table rows ``0..BLOCK_N-1`` loaded once
-  per program: ``R(p_q) q . R(p) k = R(p_q - n0) q . R(j) k``. No table traffic in the loop;
-  used for decode, where the query tile is tiny.
+Query rows are *packed by GQA group* (tokens x heads per tile), so each key/value tile is
+loaded once per kv head. The key range of a tile runs from the lowest window start of its
+rows to its last query position: tiles wholly outside every row's window are never
+visited, which keeps Block-Attention prefill linear in the number of spans.
 
 ``ROT_HALF == 0`` means keys are already rotated (scratch pages from `rotary_pages`).
 """
@@ -111,14 +111,18 @@ def _rotate(x1, x2, cos, sin):
 
 
 @triton.jit
-def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
+def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, key_hi, seq_len, qk_scale,
                  bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
-                 stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs, rel_cos, rel_sin,
+                 stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
                  HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
                  ROT_HALF_P: tl.constexpr, PASS: tl.constexpr, PASS_P: tl.constexpr,
-                 IS_NEOX: tl.constexpr, RELATIVE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``."""
+                 IS_NEOX: tl.constexpr, ROTATE_QUERY: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``.
+
+    ``ROTATE_QUERY``: row ``m`` sees only the keys of the tile's ``row_rot[m]``-th KV block
+    (the decode layout of the module docstring); otherwise keys are rotated by their block's start.
+    """
     offs_j = tl.arange(0, BLOCK_N)
     offs_v = tl.arange(0, HEAD_P)
     for n0 in range(key_lo, key_hi, BLOCK_N):
@@ -136,26 +140,23 @@ def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, key_lo, key_hi, se
             qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if ROT_HALF > 0:
             k1, k2 = _load_pair(k_rows, stride_kd, key_ok, BLOCK_N, ROT_HALF, ROT_HALF_P, IS_NEOX)
-            if RELATIVE:
-                # Rotate the queries back by row n0's angle. Tables may carry a scale (YaRN):
-                # the keys get it from the relative rows, so this rotation must be unscaled.
-                offs_h = tl.arange(0, ROT_HALF_P)
-                c0 = tl.load(cos_sin_ptr + n0 * stride_cs + offs_h, mask=offs_h < ROT_HALF, other=1.0)
-                s0 = tl.load(cos_sin_ptr + n0 * stride_cs + ROT_HALF + offs_h, mask=offs_h < ROT_HALF,
-                             other=0.0)
-                c0 = c0.to(tl.float32)
-                s0 = s0.to(tl.float32)
-                inv_scale = tl.math.rsqrt(c0 * c0 + s0 * s0)
-                r1, r2 = _rotate(q1, q2, (c0 * inv_scale)[None, :], (-s0 * inv_scale)[None, :])
-                k1, k2 = _rotate(k1, k2, rel_cos, rel_sin)
+            if ROTATE_QUERY:
+                # R(b)^T: the table's (cos, -sin) at the row's block start b.
+                block_start = (n0 // KV_BLOCK_SIZE + row_rot) * KV_BLOCK_SIZE
+                cos, sin = _table_rows(cos_sin_ptr, block_start, block_start < seq_len, stride_cs,
+                                       ROT_HALF, ROT_HALF_P)
+                r1, r2 = _rotate(q1, q2, cos, -sin)
             else:
-                cos, sin = _table_rows(cos_sin_ptr, offs_n, key_ok, stride_cs, ROT_HALF, ROT_HALF_P)
+                block_start = (offs_n // KV_BLOCK_SIZE) * KV_BLOCK_SIZE
+                cos, sin = _table_rows(cos_sin_ptr, block_start, key_ok, stride_cs, ROT_HALF, ROT_HALF_P)
                 k1, k2 = _rotate(k1, k2, cos, sin)
                 r1 = q1
                 r2 = q2
             qk = tl.dot(r1, tl.trans(k1), qk, input_precision=DOT_PRECISION)
             qk = tl.dot(r2, tl.trans(k2), qk, input_precision=DOT_PRECISION)
         allowed = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None])
+        if ROTATE_QUERY:
+            allowed = allowed & ((offs_j // KV_BLOCK_SIZE)[None, :] == row_rot[:, None])
         qk = tl.where(allowed, qk, float("-inf"))
         # Base-2 online softmax; the scale is folded into one multiply per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -166,6 +167,33 @@ def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, key_lo, key_hi, se
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def _merge_rotations(acc, m_i, l_i, BLOCK_M: tl.constexpr, HEAD_P: tl.constexpr, NROT: tl.constexpr):
+    """Combine each (token, head)'s ``NROT`` consecutive rows (disjoint key sets) into one."""
+    m3 = tl.reshape(m_i, (BLOCK_M // NROT, NROT))
+    m = tl.max(m3, 1)
+    w = tl.math.exp2(m3 - m[:, None])
+    l3 = tl.reshape(l_i, (BLOCK_M // NROT, NROT))
+    acc3 = tl.reshape(acc, (BLOCK_M // NROT, NROT, HEAD_P))
+    return tl.sum(acc3 * w[:, :, None], 1), m, tl.sum(l3 * w, 1)
+
+
+@triton.jit
+def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, stride_oh, stride_od,
+                HEAD: tl.constexpr, HEAD_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
+                BLOCK_Q: tl.constexpr, ROWS: tl.constexpr):
+    """Normalise and store ``ROWS`` merged rows (row ``t``: token ``t // GROUP_P``, head ``t % GROUP_P``)."""
+    offs_t = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_P)
+    row_tok = tile * BLOCK_Q + offs_t // GROUP_P
+    row_head = offs_t % GROUP_P
+    row_ok = (row_tok < q_len) & (row_head < GROUP)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o_rows = out_ptr + (q_begin + row_tok).to(tl.int64) * stride_ot + (kv_head * GROUP + row_head) * stride_oh
+    tl.store(o_rows[:, None] + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_d < HEAD)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr"])
@@ -183,13 +211,13 @@ def _attention_kernel(
     PASS: tl.constexpr,  # lanes outside the rotary part (head - rotary_dim)
     PASS_P: tl.constexpr,  # PASS rounded up to a power of two (>= 16)
     IS_NEOX: tl.constexpr,
-    RELATIVE: tl.constexpr,  # relative key rotation (see the module docstring)
     GROUP: tl.constexpr,  # query heads per kv head
     GROUP_P: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # query rows per tile = BLOCK_Q tokens x GROUP_P heads
+    BLOCK_M: tl.constexpr,  # query rows per tile: BLOCK_Q tokens x GROUP_P heads x NROT (+ padding)
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys per tile
+    NROT: tl.constexpr,  # decode: rows per (token, head), one per KV block of a key tile; else 1
     DECODE: tl.constexpr,  # decode launch: program x = request with q_len <= BLOCK_Q
     SKIP_QLEN_LE: tl.constexpr,  # tile launch: requests with q_len <= this belong to decode
     USE_FLAGS: tl.constexpr,  # tile launch: only requests whose flag is set
@@ -216,10 +244,11 @@ def _attention_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
 
-    # Row m: token tile * BLOCK_Q + m // GROUP_P of the request, head m % GROUP_P of the group.
+    # Row m: rotation m % NROT of token tile * BLOCK_Q + t // GROUP_P, head t % GROUP_P (t = m // NROT).
     offs_m = tl.arange(0, BLOCK_M)
-    row_tok = tile * BLOCK_Q + offs_m // GROUP_P
-    row_head = offs_m % GROUP_P
+    row_rot = offs_m % NROT
+    row_tok = tile * BLOCK_Q + (offs_m // NROT) // GROUP_P
+    row_head = (offs_m // NROT) % GROUP_P
     row_ok = (row_tok < q_len) & (row_head < GROUP)
     q_pos = ctx_len + row_tok
     q_head = kv_head * GROUP + row_head
@@ -246,38 +275,30 @@ def _attention_kernel(
     else:
         q1 = q3  # unused
         q2 = q3
-    if RELATIVE:
-        offs_j = tl.arange(0, BLOCK_N)
-        rel_cos, rel_sin = _table_rows(cos_sin_ptr, offs_j, offs_j < BLOCK_N, stride_cs,
-                                       ROT_HALF, ROT_HALF_P)
-    else:
-        rel_cos = 0.0
-        rel_sin = 0.0
 
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q1, q2, q3, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
+        acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, key_hi, seq_len, qk_scale,
         block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb,
         k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh,
-        stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-        cos_sin_ptr, stride_cs, rel_cos, rel_sin,
-        HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, RELATIVE, KV_BLOCK_SIZE,
+        stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
+        HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, DECODE, KV_BLOCK_SIZE,
         BLOCK_M, BLOCK_N, DOT_PRECISION,
     )  # fmt: skip
 
-    offs_d = tl.arange(0, HEAD_P)
     if USE_SPLITS:
+        offs_d = tl.arange(0, HEAD_P)
         slot = ((pid * tl.num_programs(1) + kv_head) * num_splits + split).to(tl.int64)
         tl.store(part_acc_ptr + slot * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :], acc)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + offs_m, m_i)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + BLOCK_M + offs_m, l_i)
     else:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_rows = out_ptr + (q_begin + row_tok).to(tl.int64) * stride_ot + q_head * stride_oh
-        tl.store(o_rows[:, None] + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (offs_d < HEAD)[None, :])
+        if NROT > 1:
+            acc, m_i, l_i = _merge_rotations(acc, m_i, l_i, BLOCK_M, HEAD_P, NROT)
+        _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, stride_oh, stride_od,
+                    HEAD, HEAD_P, GROUP, GROUP_P, BLOCK_Q, BLOCK_M // NROT)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits"])
@@ -285,7 +306,7 @@ def _merge_splits_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, query_start_loc_ptr, num_reqs, num_splits,
     stride_ot, stride_oh, stride_od,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NROT: tl.constexpr,
 ):
     """Merge the ``num_splits`` partial softmax states of one (request, kv head) of a decode launch."""
     req = tl.program_id(0)
@@ -296,9 +317,6 @@ def _merge_splits_kernel(
         return
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_P)
-    row_tok = offs_m // GROUP_P
-    row_head = offs_m % GROUP_P
-    row_ok = (row_tok < q_len) & (row_head < GROUP)
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_run = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_run = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -314,11 +332,10 @@ def _merge_splits_kernel(
         acc = acc * a[:, None] + acc_s * b[:, None]
         l_run = l_run * a + l_s * b
         m_run = m_new
-    out = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
-    q_head = kv_head * GROUP + row_head
-    o_rows = out_ptr + (q_begin + row_tok).to(tl.int64) * stride_ot + q_head * stride_oh
-    tl.store(o_rows[:, None] + offs_d[None, :] * stride_od, out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d < HEAD)[None, :])
+    if NROT > 1:
+        acc, m_run, l_run = _merge_rotations(acc, m_run, l_run, BLOCK_M, HEAD_P, NROT)
+    _store_rows(out_ptr, acc, l_run, q_begin, q_len, 0, kv_head, stride_ot, stride_oh, stride_od,
+                HEAD, HEAD_P, GROUP, GROUP_P, BLOCK_Q, BLOCK_M // NROT)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------
@@ -328,13 +345,13 @@ def _merge_splits_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
-    """Launch shape of one path. ``block_m`` counts packed rows (tokens x group heads)."""
+    """Launch shape of one path. ``block_m`` counts packed query rows of a tile (tile launch;
+    the decode launch sizes its rows from the step)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
-    relative: bool = False  # relative key rotation (decode)
     num_splits: int | None = None  # None: from the grid size (decode only)
 
 
@@ -346,9 +363,9 @@ _PREFILL = {
     256: AttentionConfig(64, 32, 4, 2),
 }
 _DECODE = {
-    64: AttentionConfig(16, 64, 4, 3, relative=True),
-    128: AttentionConfig(16, 64, 4, 3, relative=True),
-    256: AttentionConfig(16, 32, 4, 2, relative=True),
+    64: AttentionConfig(16, 64, 4, 4),
+    128: AttentionConfig(16, 64, 4, 4),
+    256: AttentionConfig(16, 32, 4, 2),
 }
 
 
@@ -369,9 +386,15 @@ def _pow2(x: int, minimum: int = 1) -> int:
 
 
 def decode_query_limit(group: int) -> int:
-    """Query tokens per request that the decode launch takes (its tile holds 16 packed rows)."""
+    """Query tokens per request that the decode launch takes (16 packed rows per rotation)."""
     group_p = _pow2(group)
     return max(16, group_p) // group_p
+
+
+def decode_block_q(group: int, max_decode_query_len: int) -> int:
+    """Tokens per decode tile: 1 for a step of single-token decodes (the common case, and
+    CUDA-graph decode), else `decode_query_limit`. Two compiled variants, not one per length."""
+    return 1 if max_decode_query_len <= 1 else decode_query_limit(group)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -423,8 +446,9 @@ def launch(
     max_query_len: int,
     req_flags: torch.Tensor | None = None,
 ) -> None:
-    """One launch: ``decode`` (requests with <= `decode_query_limit` tokens) or tiles
-    (the others, only flagged ones when `req_flags` is given). No host sync."""
+    """One launch: ``decode`` (requests with <= `decode_query_limit` tokens; ``max_query_len``
+    is then the longest of those) or tiles (the others, only flagged ones when `req_flags`
+    is given). No host sync."""
     query, key_cache = work.query, work.key_cache
     num_reqs = work.seq_lens.shape[0]
     num_q_heads, head_size = query.shape[1], query.shape[2]
@@ -432,8 +456,13 @@ def launch(
     group = num_q_heads // num_kv_heads
     group_p = _pow2(group)
     limit = decode_query_limit(group)
+    rot_half = work.rotary_dim // 2
+    nrot = 1
     if decode:
-        block_m, block_q, num_tiles = max(16, group_p), limit, num_reqs
+        block_q, num_tiles = decode_block_q(group, max_query_len), num_reqs
+        if rot_half:
+            nrot = max(1, cfg.block_n // block_size)
+        block_m = max(16, block_q * group_p * nrot)
     else:
         block_m = max(cfg.block_m, group_p)
         block_q = block_m // group_p
@@ -452,7 +481,6 @@ def launch(
         part_ml = torch.empty(slots * 2 * block_m, dtype=torch.float32, device=query.device)
     else:
         part_acc = part_ml = out  # never touched
-    rot_half = work.rotary_dim // 2
     pass_dim = head_size - 2 * rot_half
     flags = req_flags if req_flags is not None else work.seq_lens
     _attention_kernel[(num_tiles, num_kv_heads, splits)](
@@ -462,10 +490,8 @@ def launch(
         *query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
         *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0),
         HEAD=head_size, HEAD_P=head_p, ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
-        PASS=pass_dim, PASS_P=_pow2(pass_dim, 16), IS_NEOX=work.is_neox,
-        RELATIVE=cfg.relative and rot_half > 0 and work.cos_sin.shape[0] >= cfg.block_n,
-        GROUP=group, GROUP_P=group_p,
-        KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
+        PASS=pass_dim, PASS_P=_pow2(pass_dim, 16), IS_NEOX=work.is_neox, GROUP=group, GROUP_P=group_p,
+        KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n, NROT=nrot,
         DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
         USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -474,5 +500,5 @@ def launch(
         _merge_splits_kernel[(num_tiles, num_kv_heads)](
             out, part_acc, part_ml, work.query_start_loc, num_reqs, splits, *out.stride(),
             HEAD=head_size, HEAD_P=head_p, GROUP=group, GROUP_P=group_p, BLOCK_M=block_m,
-            BLOCK_Q=block_q, num_warps=4,
+            BLOCK_Q=block_q, NROT=nrot, num_warps=4,
         )  # fmt: skip

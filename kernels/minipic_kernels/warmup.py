@@ -1,9 +1,10 @@
 """Compile every Triton kernel variant a layer shape can dispatch to, before serving.
 
 Triton compiles a kernel the first time it meets a new set of compile-time constants
-(and integer/pointer specialisations). `paged_rope_attention` picks among a fixed set of
-variants per layer shape: the decode launch with and without key splits (plus their
-merge), the rotation pre-pass, the tile launch over scratch pages (with per-request flags
+(and integer/pointer specialisations). A step writes its keys and values (`kv_write`),
+then `paged_rope_attention` picks among a fixed set of variants per layer shape: the
+decode launch for single-token and multi-token decodes, each with and without key splits
+(plus their merge), the rotation pre-pass, the tile launch over scratch pages (with per-request flags
 when a stock kernel takes the window-free requests, without otherwise), and the tile
 launch rotating keys itself when a step's scratch would exceed its budget. `warm_up`
 runs one small batch per variant, with tensors strided exactly like vLLM's, so serving
@@ -18,6 +19,7 @@ import torch
 
 from minipic_kernels.attention import PagedAttention, paged_rope_attention
 from minipic_kernels.block_kinds import BlockKind
+from minipic_kernels.kv_write import write_kv
 from minipic_kernels.triton_attention import _num_sms, decode_query_limit
 
 __all__ = ["LayerShape", "warm_up"]
@@ -46,8 +48,10 @@ def warm_up(
 ) -> None:
     """Run every variant once on small random inputs (results are discarded).
 
-    ``table_width`` is the block-table width the server uses (its row stride is not
-    specialised on, so any width compiles the same kernels).
+    ``cos_sin`` stands in for both the model's table (writes) and the unit one (attention):
+    they share dtype and strides, all that compilation sees. ``table_width`` is the
+    block-table width the server uses (its row stride is not specialised on, so any width
+    compiles the same kernels).
     """
     device = cos_sin.device
     group = shape.num_q_heads // shape.num_kv_heads
@@ -57,6 +61,8 @@ def warm_up(
     batches = [
         [(96, 96), (80, 64), (600, 1)],  # scratch + stock kernel + windowed tiles; split decode
         [(50, 1)] * many,  # decode without splits
+        [(40, 40), (600, limit)],  # multi-token decode, split
+        [(50, limit)] * many,  # multi-token decode without splits
     ]
     for reqs in batches:
         _run(shape, cos_sin, scale, paged_attention, reqs, 1 << 30, table_width)
@@ -88,12 +94,19 @@ def _run(
         first += n
     kinds = torch.zeros(num_blocks, dtype=torch.int8, device=device)
     kinds[2] = BlockKind.SSEP  # a window inside the first request
+    # The step's new tokens into their slots, as the backend's cache write does.
+    positions = torch.cat([torch.arange(seq - q, seq) for seq, q in reqs])
+    owners = torch.cat([torch.full((q,), r) for r, (_, q) in enumerate(reqs)])
+    slots = (table.cpu()[owners, positions // bs].long() * bs + positions % bs).to(device)
     q_lens = torch.tensor([q for _, q in reqs], dtype=torch.int32)
     qsl = torch.zeros(len(reqs) + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(q_lens, 0)
     num_tokens = int(qsl[-1])
     qkv = torch.randn(num_tokens, (hq + 2 * hkv) * d, device=device).to(shape.dtype)
     query = qkv[:, : hq * d].view(num_tokens, hq, d)
+    key = qkv[:, hq * d : (hq + hkv) * d].view(num_tokens, hkv, d)
+    value = qkv[:, (hq + hkv) * d :].view(num_tokens, hkv, d)
+    write_kv(key, value, key_cache, value_cache, slots, cos_sin, shape.rotary_dim, shape.is_neox)
     out = torch.empty(num_tokens, hq, d, device=device, dtype=shape.dtype)
     paged_rope_attention(
         query, key_cache, value_cache, table, qsl.to(device),

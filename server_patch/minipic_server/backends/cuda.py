@@ -1,10 +1,11 @@
-"""CUDA attention backend: vLLM's Triton KV-cache layout, MiniPIC's attention.
+"""CUDA attention backend: vLLM's Triton KV-cache layout, MiniPIC's cache write and attention.
 
-The cache layout, its allocation and the KV write (keys arrive unrotated, so vLLM's own
-write is exactly right) come from vLLM's TRITON_ATTN backend. Attention is
-`minipic_kernels.attention.paged_rope_attention`: decode rows by MiniPIC's Triton kernel
-(rotating keys as it reads them), window-free prefill by vLLM's FlashAttention over keys
-rotated once into scratch pages, prefill with span windows by MiniPIC's tile kernel.
+The cache layout and its allocation come from vLLM's TRITON_ATTN backend. The KV write
+is `minipic_kernels.kv_write.write_kv` (keys rotated by their slot in the block, in one
+launch like vLLM's own write). Attention is `minipic_kernels.attention.paged_rope_attention`:
+decode rows by MiniPIC's Triton kernel (rotating the query per KV block, never the keys),
+window-free prefill by vLLM's FlashAttention over keys rotated once into scratch pages,
+prefill with span windows by MiniPIC's tile kernel.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadat
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from minipic_kernels.attention import PagedAttention, paged_rope_attention, plan_step
+from minipic_kernels.kv_write import write_kv
 from minipic_server.backends.common import (
     PicAttentionMetadata,
     PicMetadataBuilder,
     PositionFreeAttention,
     PositionFreeBackend,
     RopeSpec,
+    split_kv_cache,
 )
 from minipic_server.impl_args import bind_impl_args
 
@@ -91,7 +94,7 @@ class PicTritonAttentionBackend(PositionFreeBackend, TritonAttentionBackend):
 
 
 class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
-    """vLLM's Triton impl (cache layout, KV write) with MiniPIC's attention."""
+    """vLLM's Triton impl (cache layout) with MiniPIC's cache write and attention."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         bind_impl_args(TritonAttentionImpl.__init__, args, kwargs)
@@ -100,7 +103,20 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
         self._paged_attention_for: torch.dtype | None = None
 
     def fused_rope_kvcache_supported(self) -> bool:
-        return False  # the key must reach the cache unrotated
+        return False  # the key must reach `do_kv_cache_update` unrotated
+
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write this step's keys (rotated by their slot in the block) and values into their slots."""
+        rope = self.linked_rope()
+        key_cache, value_cache = split_kv_cache(kv_cache)
+        write_kv(key, value, key_cache, value_cache, slot_mapping, rope.cos_sin, rope.rotary_dim, rope.is_neox)
 
     def attend(
         self,
@@ -114,7 +130,7 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
         self.ensure_paged_attention(query.dtype)
         paged_rope_attention(
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
-            metadata.seq_lens, metadata.block_kind, rope.cos_sin, rope.rotary_dim, rope.is_neox,
+            metadata.seq_lens, metadata.block_kind, rope.unit_cos_sin, rope.rotary_dim, rope.is_neox,
             self.scale, output, plan=metadata.plan, window_starts=metadata.window_starts,
             windowed=metadata.windowed, paged_attention=self.paged_attention,
         )  # fmt: skip
