@@ -141,11 +141,13 @@ def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, k
         if ROT_HALF > 0:
             k1, k2 = _load_pair(k_rows, stride_kd, key_ok, BLOCK_N, ROT_HALF, ROT_HALF_P, IS_NEOX)
             if ROTATE_QUERY:
-                # R(b)^T: the table's (cos, -sin) at the row's block start b.
-                block_start = (n0 // KV_BLOCK_SIZE + row_rot) * KV_BLOCK_SIZE
-                cos, sin = _table_rows(cos_sin_ptr, block_start, block_start < seq_len, stride_cs,
-                                       ROT_HALF, ROT_HALF_P)
-                r1, r2 = _rotate(q1, q2, cos, -sin)
+                # R(b)^T with b = base + row_rot * KV_BLOCK_SIZE: the rows arrive rotated back
+                # by their offset (`_rotate_back_by_offset`), so one table row per tile.
+                offs_h = tl.arange(0, ROT_HALF_P)
+                base_row = cos_sin_ptr + (n0 // KV_BLOCK_SIZE) * KV_BLOCK_SIZE * stride_cs + offs_h
+                cos = tl.load(base_row, mask=offs_h < ROT_HALF, other=1.0).to(tl.float32)
+                sin = tl.load(base_row + ROT_HALF, mask=offs_h < ROT_HALF, other=0.0).to(tl.float32)
+                r1, r2 = _rotate(q1, q2, cos[None, :], -sin[None, :])
             else:
                 block_start = (offs_n // KV_BLOCK_SIZE) * KV_BLOCK_SIZE
                 cos, sin = _table_rows(cos_sin_ptr, block_start, key_ok, stride_cs, ROT_HALF, ROT_HALF_P)
@@ -167,6 +169,23 @@ def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, k
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def _rotate_back_by_offset(q1, q2, row_rot, seq_len, cos_sin_ptr, stride_cs, ROT_HALF: tl.constexpr,
+                           ROT_HALF_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr):
+    """``R(row_rot * KV_BLOCK_SIZE)^T`` of each query row, as a pure rotation (unit-length
+    table rows): with the tile's table row applied as is, a table carrying a magnitude
+    contributes it exactly once, as when keys are rotated. Rows past the sequence see no
+    keys and are left as they are."""
+    offs_h = tl.arange(0, ROT_HALF_P)
+    offset = row_rot * KV_BLOCK_SIZE
+    ok = (offset < seq_len)[:, None] & (offs_h < ROT_HALF)[None, :]
+    rows = cos_sin_ptr + offset[:, None] * stride_cs + offs_h[None, :]
+    cos = tl.load(rows, mask=ok, other=1.0).to(tl.float32)
+    sin = tl.load(rows + ROT_HALF, mask=ok, other=0.0).to(tl.float32)
+    inv_norm = tl.math.rsqrt(cos * cos + sin * sin)
+    return _rotate(q1, q2, cos * inv_norm, -sin * inv_norm)
 
 
 @triton.jit
@@ -272,6 +291,9 @@ def _attention_kernel(
         q1, q2 = _load_pair(q_rows, stride_qd, row_ok, BLOCK_M, ROT_HALF, ROT_HALF_P, IS_NEOX)
         if PASS == 0:
             q3 = q1  # unused
+        if DECODE:
+            q1, q2 = _rotate_back_by_offset(q1, q2, row_rot, seq_len, cos_sin_ptr, stride_cs, ROT_HALF,
+                                            ROT_HALF_P, KV_BLOCK_SIZE)  # fmt: skip
     else:
         q1 = q3  # unused
         q2 = q3
