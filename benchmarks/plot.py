@@ -28,9 +28,11 @@ def served_table1(data: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(tokens)
     for j, mt in enumerate(tokens):
-        values = [next((r["samples_per_s"] for r in rows if r["row"] == n and r["max_tokens"] == mt), 0) for n in names]
-        bars = ax.bar([i + j * width for i in range(len(names))], values, width, label=f"max_tokens {mt}")
-        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        values = [next((r["samples_per_s"] for r in rows if r["row"] == n and r["max_tokens"] == mt), None)
+                  for n in names]  # fmt: skip
+        xs = [i + j * width for i in range(len(names))]
+        bars = ax.bar(xs, [v or 0 for v in values], width, label=f"max_tokens {mt}")
+        ax.bar_label(bars, labels=["not measured" if v is None else f"{v:.1f}" for v in values], fontsize=7)
     ax.axhline(data["unique_token_ceiling_samples_per_s"], color="grey", ls="--", lw=1, label="unique-token ceiling")
     ax.set_xticks([i + width * (len(tokens) - 1) / 2 for i in range(len(names))], names, rotation=20, ha="right",
                   fontsize=8)  # fmt: skip

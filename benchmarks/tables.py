@@ -71,6 +71,18 @@ def attention(data: dict) -> None:
     print(f"\nCorrectness: {len(data['correctness'])} checks against the fp32 reference, worst rel. L2 "
           f"{worst['rel_l2']:.1e} ({worst['case']}, {worst['path']}), NaN in none: "
           f"{not any(r['nan'] for r in data['correctness'])}.")  # fmt: skip
+    if data.get("kv_write"):
+        print("\n" + _row("cache write", "MiniPIC (ms)", "vLLM's Triton write (ms)", "MiniPIC / vLLM"))
+        print(_row(*["---"] * 4))
+        for r in data["kv_write"]:
+            print(_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['vllm_ms']:.4f}", f"{r['ratio']:.2f}"))
+    if data.get("decode_variants"):
+        print("\n" + _row("decode launch alone", "keys", "BLOCK_N / warps / stages", "ms", "/ FA3", "GB/s"))
+        print(_row(*["---"] * 6))
+        for r in data["decode_variants"]:
+            c = r["config"]
+            print(_row(r["case"], r["variant"], f"{c['block_n']} / {c['num_warps']} / {c['num_stages']}",
+                       f"{r['ms']:.4f}", f"{r['ratio']:.2f}", f"{r['gb_per_s']:,.0f}"))  # fmt: skip
     jit = data.get("jit")
     if jit:
         print(f"JIT: warm-up {jit['warm_up_s']:.1f} s, then {jit['compilations_after_warm_up']} compilations over "
