@@ -10,9 +10,12 @@ One kernel body, two launch shapes (the `launch` function picks one):
   softmax states `_merge_splits_kernel` combines (flash-decoding). Keys are never rotated
   here: a key tile spans ``NROT`` KV blocks, and each (token, head) gets ``NROT`` query
   rows, row ``r`` rotated back by the start of the tile's ``r``-th block and attending only
-  that block's keys, ``R(p_q) q . R(b) k' = R(b)^T R(p_q) q . k'``. The rows of one
-  (token, head) are merged at the end like key splits (`_merge_rotations`). Decode reads
-  K/V straight into the dot, so it streams the cache as fast as a kernel over rotated keys.
+  that block's keys, ``R(p_q) q . R(b) k' = R(b)^T R(p_q) q . k'``. ``R(b)^T`` is applied in
+  two parts: by the row's offset ``r * KV_BLOCK_SIZE`` once per program
+  (`_rotate_back_by_offset`), by the tile's first block start per tile (one table row).
+  The rows of one (token, head) are merged at the end like key splits (`_merge_rotations`).
+  K/V go from the cache straight into the dot; the per-tile query rotation is what decode
+  still pays over the same kernel on pre-rotated keys (docs/benchmarks.md, section 2).
 * **tiles**: programs over query tiles of the remaining requests (optionally only those a
   per-request flag selects); the tile -> request map is a binary search over
   ``query_start_loc`` inside the kernel, so the grid is an upper bound from host ints. Keys
