@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minipic_kernels.triton_attention import _load_pair, _load_rows, _pow2, _rotate
+from minipic_kernels.triton_attention import _load_pair, _load_rows, _pow2, _rotate, _store_pair
 
 __all__ = ["write_kv"]
 
@@ -41,10 +41,9 @@ def _write_kv_kernel(
     v_rows = v_ptr + token * stride_vt + heads * stride_vh
     kc_rows = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads * stride_kch
     vc_rows = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads * stride_vch
-    out_ty = k_cache_ptr.dtype.element_ty
     k = _load_rows(k_rows, offs_d, stride_kd, head_ok, d_ok)
     pass_ok = head_ok[:, None] & (d_ok & (offs_d >= 2 * ROT_HALF))[None, :]
-    tl.store(kc_rows[:, None] + offs_d[None, :] * stride_kcd, k.to(out_ty), mask=pass_ok)
+    tl.store(kc_rows[:, None] + offs_d[None, :] * stride_kcd, k.to(k_cache_ptr.dtype.element_ty), mask=pass_ok)
     if ROT_HALF > 0:
         k1, k2 = _load_pair(k_rows, stride_kd, head_ok, HEADS_P, ROT_HALF, ROT_HALF_P, IS_NEOX)
         offs_h = tl.arange(0, ROT_HALF_P)
@@ -52,15 +51,7 @@ def _write_kv_kernel(
         cos = tl.load(row, mask=offs_h < ROT_HALF, other=0.0).to(tl.float32)
         sin = tl.load(row + ROT_HALF, mask=offs_h < ROT_HALF, other=0.0).to(tl.float32)
         r1, r2 = _rotate(k1, k2, cos[None, :], sin[None, :])
-        if IS_NEOX:
-            lanes1 = offs_h
-            lanes2 = ROT_HALF + offs_h
-        else:
-            lanes1 = 2 * offs_h
-            lanes2 = 2 * offs_h + 1
-        rot_ok = head_ok[:, None] & (offs_h < ROT_HALF)[None, :]
-        tl.store(kc_rows[:, None] + lanes1[None, :] * stride_kcd, r1.to(out_ty), mask=rot_ok)
-        tl.store(kc_rows[:, None] + lanes2[None, :] * stride_kcd, r2.to(out_ty), mask=rot_ok)
+        _store_pair(kc_rows, r1, r2, stride_kcd, head_ok, ROT_HALF, ROT_HALF_P, IS_NEOX)
     v = _load_rows(v_rows, offs_d, stride_vd, head_ok, d_ok)
     tl.store(vc_rows[:, None] + offs_d[None, :] * stride_vcd, v.to(v_cache_ptr.dtype.element_ty),
              mask=head_ok[:, None] & d_ok[None, :])

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minipic_kernels.triton_attention import _load_pair, _load_rows, _pow2, _rotate, _table_rows
+from minipic_kernels.triton_attention import _load_pair, _load_rows, _pow2, _rotate, _store_pair, _table_rows
 
 __all__ = ["page_table", "rotate_into_pages"]
 
@@ -44,8 +44,6 @@ def _rotate_into_pages_kernel(
     pos_ok = pos < seq_len
     offs_d = tl.arange(0, HEAD_P)
     d_ok = offs_d < HEAD
-    offs_h = tl.arange(0, ROT_HALF_P)
-    h_ok = offs_h < ROT_HALF
     cos, sin = _table_rows(cos_sin_ptr, pos - offs_s, pos_ok, stride_cs, ROT_HALF, ROT_HALF_P)
     for h in range(num_kv_heads):
         k_rows = k_ptr + phys * stride_kb + offs_s * stride_ks + h * stride_kh
@@ -54,15 +52,7 @@ def _rotate_into_pages_kernel(
         k = _load_rows(k_rows, offs_d, stride_kd, pos_ok, d_ok)
         k1, k2 = _load_pair(k_rows, stride_kd, pos_ok, KV_BLOCK_SIZE, ROT_HALF, ROT_HALF_P, IS_NEOX)
         r1, r2 = _rotate(k1, k2, cos, sin)
-        if IS_NEOX:
-            lanes1 = offs_h
-            lanes2 = ROT_HALF + offs_h
-        else:
-            lanes1 = 2 * offs_h
-            lanes2 = 2 * offs_h + 1
-        rot_ok = pos_ok[:, None] & h_ok[None, :]
-        tl.store(k_out_ptr + out_rows[:, None] + lanes1[None, :], r1, mask=rot_ok)
-        tl.store(k_out_ptr + out_rows[:, None] + lanes2[None, :], r2, mask=rot_ok)
+        _store_pair(k_out_ptr + out_rows, r1, r2, 1, pos_ok, ROT_HALF, ROT_HALF_P, IS_NEOX)
         pass_ok = pos_ok[:, None] & (d_ok & (offs_d >= 2 * ROT_HALF))[None, :]
         tl.store(k_out_ptr + out_rows[:, None] + offs_d[None, :], k, mask=pass_ok)
         v = _load_rows(v_rows, offs_d, stride_vd, pos_ok, d_ok)

@@ -94,6 +94,23 @@ def _load_pair(row_ptr, stride_d, row_mask, ROWS: tl.constexpr, ROT_HALF: tl.con
 
 
 @triton.jit
+def _store_pair(row_ptr, x1, x2, stride_d, row_mask, ROT_HALF: tl.constexpr, ROT_HALF_P: tl.constexpr,
+                IS_NEOX: tl.constexpr):
+    """Store the two rotary lane sets of each row where `_load_pair` reads them (in the row's dtype)."""
+    offs = tl.arange(0, ROT_HALF_P)
+    if IS_NEOX:
+        lanes1 = offs
+        lanes2 = ROT_HALF + offs
+    else:
+        lanes1 = 2 * offs
+        lanes2 = 2 * offs + 1
+    ok = row_mask[:, None] & (offs < ROT_HALF)[None, :]
+    ty = row_ptr.dtype.element_ty
+    tl.store(row_ptr[:, None] + lanes1[None, :] * stride_d, x1.to(ty), mask=ok)
+    tl.store(row_ptr[:, None] + lanes2[None, :] * stride_d, x2.to(ty), mask=ok)
+
+
+@triton.jit
 def _table_rows(cos_sin_ptr, positions, row_mask, stride_cs, ROT_HALF: tl.constexpr,
                 ROT_HALF_P: tl.constexpr):
     """fp32 (cos, sin) rows of the RoPE table at `positions`, each ``(len, ROT_HALF_P)``."""

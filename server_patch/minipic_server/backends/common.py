@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -148,6 +149,8 @@ class PositionFreeAttention:
     head_size: int
     scale: float
     pic_rope: RopeSpec | None = None
+    # The backend's cache write, `minipic_kernels.reference.write_kv_reference`'s signature.
+    cache_write: ClassVar[Callable[..., None]]
 
     def attend(
         self,
@@ -160,6 +163,19 @@ class PositionFreeAttention:
     ) -> None:
         """Attention of ``query`` ``(tokens, heads, head_size)`` into ``output`` (same shape)."""
         raise NotImplementedError
+
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Write this step's keys (rotated by their slot in the block) and values into their slots."""
+        rope = self.linked_rope()
+        key_cache, value_cache = split_kv_cache(kv_cache)
+        self.cache_write(key, value, key_cache, value_cache, slot_mapping, rope.cos_sin, rope.rotary_dim, rope.is_neox)
 
     def linked_rope(self) -> RopeSpec:
         if self.pic_rope is None:

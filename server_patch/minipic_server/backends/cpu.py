@@ -23,7 +23,6 @@ from minipic_server.backends.common import (
     PositionFreeBackend,
     RopeSpec,
     refuse_unsupported_features,
-    split_kv_cache,
 )
 
 
@@ -44,6 +43,8 @@ class PicCpuAttentionBackend(PositionFreeBackend, CPUAttentionBackend):
 
 
 class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetadata]):
+    cache_write = staticmethod(write_kv_reference)
+
     def attend(
         self,
         query: torch.Tensor,
@@ -89,17 +90,3 @@ class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetad
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = None
-
-    def do_kv_cache_update(
-        self,
-        layer: torch.nn.Module,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        """Write this step's keys (rotated by their slot in the block) and values into their slots."""
-        rope = self.linked_rope()
-        key_cache, value_cache = split_kv_cache(kv_cache)
-        write_kv_reference(key, value, key_cache, value_cache, slot_mapping, rope.cos_sin, rope.rotary_dim,
-                           rope.is_neox)  # fmt: skip

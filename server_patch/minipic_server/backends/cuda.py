@@ -26,7 +26,6 @@ from minipic_server.backends.common import (
     PositionFreeAttention,
     PositionFreeBackend,
     RopeSpec,
-    split_kv_cache,
 )
 from minipic_server.impl_args import bind_impl_args
 
@@ -96,6 +95,8 @@ class PicTritonAttentionBackend(PositionFreeBackend, TritonAttentionBackend):
 class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
     """vLLM's Triton impl (cache layout) with MiniPIC's cache write and attention."""
 
+    cache_write = staticmethod(write_kv)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         bind_impl_args(TritonAttentionImpl.__init__, args, kwargs)
         super().__init__(*args, **kwargs)
@@ -104,19 +105,6 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
 
     def fused_rope_kvcache_supported(self) -> bool:
         return False  # the key must reach `do_kv_cache_update` unrotated
-
-    def do_kv_cache_update(
-        self,
-        layer: torch.nn.Module,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        """Write this step's keys (rotated by their slot in the block) and values into their slots."""
-        rope = self.linked_rope()
-        key_cache, value_cache = split_kv_cache(kv_cache)
-        write_kv(key, value, key_cache, value_cache, slot_mapping, rope.cos_sin, rope.rotary_dim, rope.is_neox)
 
     def attend(
         self,
