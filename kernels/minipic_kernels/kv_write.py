@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minipic_kernels.triton_attention import _load_pair, _load_rows, _pow2, _rotate, _store_pair
+from minipic_kernels.triton_attention import _load_pair, _load_rows, _pow2, _rotate, _store_pair, _table_row
 
 __all__ = ["write_kv"]
 
@@ -46,10 +46,7 @@ def _write_kv_kernel(
     tl.store(kc_rows[:, None] + offs_d[None, :] * stride_kcd, k.to(k_cache_ptr.dtype.element_ty), mask=pass_ok)
     if ROT_HALF > 0:
         k1, k2 = _load_pair(k_rows, stride_kd, head_ok, HEADS_P, ROT_HALF, ROT_HALF_P, IS_NEOX)
-        offs_h = tl.arange(0, ROT_HALF_P)
-        row = cos_sin_ptr + offset * stride_cs + offs_h
-        cos = tl.load(row, mask=offs_h < ROT_HALF, other=0.0).to(tl.float32)
-        sin = tl.load(row + ROT_HALF, mask=offs_h < ROT_HALF, other=0.0).to(tl.float32)
+        cos, sin = _table_row(cos_sin_ptr, offset, stride_cs, ROT_HALF, ROT_HALF_P)
         r1, r2 = _rotate(k1, k2, cos[None, :], sin[None, :])
         _store_pair(kc_rows, r1, r2, stride_kcd, head_ok, ROT_HALF, ROT_HALF_P, IS_NEOX)
     v = _load_rows(v_rows, offs_d, stride_vd, head_ok, d_ok)

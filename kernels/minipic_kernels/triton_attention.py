@@ -123,6 +123,16 @@ def _table_rows(cos_sin_ptr, positions, row_mask, stride_cs, ROT_HALF: tl.conste
 
 
 @triton.jit
+def _table_row(cos_sin_ptr, position, stride_cs, ROT_HALF: tl.constexpr, ROT_HALF_P: tl.constexpr):
+    """fp32 (cos, sin) of one table row, each ``(ROT_HALF_P,)``; padding lanes rotate by 0."""
+    offs = tl.arange(0, ROT_HALF_P)
+    row = cos_sin_ptr + position * stride_cs + offs
+    cos = tl.load(row, mask=offs < ROT_HALF, other=1.0).to(tl.float32)
+    sin = tl.load(row + ROT_HALF, mask=offs < ROT_HALF, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotate(x1, x2, cos, sin):
     """RoPE of the lane pair by the angle whose cos/sin are given (fp32 math, input dtype out)."""
     a = x1.to(tl.float32)
@@ -163,10 +173,8 @@ def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, k
             if ROTATE_QUERY:
                 # R(b)^T with b = base + row_rot * KV_BLOCK_SIZE: the rows arrive rotated back
                 # by their offset (`_rotate_back_by_offset`), so one table row per tile.
-                offs_h = tl.arange(0, ROT_HALF_P)
-                base_row = cos_sin_ptr + (n0 // KV_BLOCK_SIZE) * KV_BLOCK_SIZE * stride_cs + offs_h
-                cos = tl.load(base_row, mask=offs_h < ROT_HALF, other=1.0).to(tl.float32)
-                sin = tl.load(base_row + ROT_HALF, mask=offs_h < ROT_HALF, other=0.0).to(tl.float32)
+                cos, sin = _table_row(cos_sin_ptr, (n0 // KV_BLOCK_SIZE) * KV_BLOCK_SIZE, stride_cs, ROT_HALF,
+                                      ROT_HALF_P)
                 r1, r2 = _rotate(q1, q2, cos[None, :], -sin[None, :])
             else:
                 block_start = (offs_n // KV_BLOCK_SIZE) * KV_BLOCK_SIZE
