@@ -279,11 +279,13 @@ def section_times(fa, fa_func, version, sections: set[str]) -> list[dict]:
 def section_decode_variants(fa_func, version) -> list[dict]:
     """Where decode time goes: the decode launch alone over block-relative keys (queries
     rotated per KV block) and over keys rotated beforehand (no rotation work at all), for
-    a few launch shapes, against FA3 on the rotated keys. GB/s counts K and V read once."""
+    the default launch shape (first), the previous one (4 warps) and fixed key splits,
+    against FA3 on the rotated keys. GB/s counts K and V read once."""
     rows = []
     s = LLAMA3
-    configs = [AttentionConfig(16, 64, 4, 4), AttentionConfig(16, 64, 4, 3), AttentionConfig(16, 128, 8, 4),
-               AttentionConfig(16, 32, 4, 3)]  # fmt: skip
+    default = decode_config(s.head_size)
+    configs = [default, AttentionConfig(16, 64, 4, 4), dataclasses.replace(default, num_splits=4),
+               dataclasses.replace(default, num_splits=16)]  # fmt: skip
     for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024)):
         batch = Batch(s, [(ctx, 1)] * reqs)
         fa3_ms = graph_ms(stock_fa(batch, torch.empty_like(batch.query), fa_func, version))

@@ -77,12 +77,13 @@ def attention(data: dict) -> None:
         for r in data["kv_write"]:
             print(_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['vllm_ms']:.4f}", f"{r['ratio']:.2f}"))
     if data.get("decode_variants"):
-        print("\n" + _row("decode launch alone", "keys", "BLOCK_N / warps / stages", "ms", "/ FA3", "GB/s"))
+        print("\n" + _row("decode launch alone", "keys", "BLOCK_N / warps / stages / splits", "ms", "/ FA3", "GB/s"))
         print(_row(*["---"] * 6))
         for r in data["decode_variants"]:
             c = r["config"]
-            print(_row(r["case"], r["variant"], f"{c['block_n']} / {c['num_warps']} / {c['num_stages']}",
-                       f"{r['ms']:.4f}", f"{r['ratio']:.2f}", f"{r['gb_per_s']:,.0f}"))  # fmt: skip
+            launch = f"{c['block_n']} / {c['num_warps']} / {c['num_stages']} / {c['num_splits'] or 'auto'}"
+            print(_row(r["case"], r["variant"], launch, f"{r['ms']:.4f}", f"{r['ratio']:.2f}",
+                       f"{r['gb_per_s']:,.0f}"))  # fmt: skip
     jit = data.get("jit")
     if jit:
         print(f"JIT: warm-up {jit['warm_up_s']:.1f} s, then {jit['compilations_after_warm_up']} compilations over "

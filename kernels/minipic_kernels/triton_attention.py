@@ -12,10 +12,10 @@ One kernel body, two launch shapes (the `launch` function picks one):
   rows, row ``r`` rotated back by the start of the tile's ``r``-th block and attending only
   that block's keys, ``R(p_q) q . R(b) k' = R(b)^T R(p_q) q . k'``. ``R(b)^T`` is applied in
   two parts: by the row's offset ``r * KV_BLOCK_SIZE`` once per program
-  (`_rotate_back_by_offset`), by the tile's first block start per tile (one table row).
-  The rows of one (token, head) are merged at the end like key splits (`_merge_rotations`).
-  K/V go from the cache straight into the dot; the per-tile query rotation is what decode
-  still pays over the same kernel on pre-rotated keys (docs/benchmarks.md, section 2).
+  (`_rotate_back_by_offset`), and by the tile's base: the first tile's from the table, then
+  one fixed unit rotation by ``BLOCK_N`` per tile on rows kept in fp32, so the loop loads
+  no table rows. The rows of one (token, head) are merged at the end like key splits
+  (`_merge_rotations`). K/V go from the cache straight into the dot.
 * **tiles**: programs over query tiles of the remaining requests (optionally only those a
   per-request flag selects); the tile -> request map is a binary search over
   ``query_start_loc`` inside the kernel, so the grid is an upper bound from host ints. Keys
@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["AttentionConfig", "TileLaunch", "decode_config", "launch", "prefill_config"]
+__all__ = ["AttentionConfig", "TileLaunch", "decode_config", "decode_programs_to_fill", "launch", "prefill_config"]
 
 _LOG2E = 1.4426950408889634
 # Initial running max: finite, so fully masked tiles never produce inf - inf = NaN.
@@ -141,6 +141,13 @@ def _rotate(x1, x2, cos, sin):
 
 
 @triton.jit
+def _unit(cos, sin):
+    """The table's (cos, sin) scaled to a pure rotation (a YaRN-style table carries a magnitude)."""
+    inv_norm = tl.math.rsqrt(cos * cos + sin * sin)
+    return cos * inv_norm, sin * inv_norm
+
+
+@triton.jit
 def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, key_hi, seq_len, qk_scale,
                  bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
                  stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
@@ -151,10 +158,21 @@ def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, k
     """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``.
 
     ``ROTATE_QUERY``: row ``m`` sees only the keys of the tile's ``row_rot[m]``-th KV block
-    (the decode layout of the module docstring); otherwise keys are rotated by their block's start.
+    (the decode layout of the module docstring; ``BLOCK_N`` is a multiple of ``KV_BLOCK_SIZE``
+    and ``key_lo`` of ``BLOCK_N``); otherwise keys are rotated by their block's start.
     """
     offs_j = tl.arange(0, BLOCK_N)
     offs_v = tl.arange(0, HEAD_P)
+    if ROTATE_QUERY:
+        # R(base)^T of the first tile (its table row as is: a magnitude applies once), then
+        # R(BLOCK_N)^T per tile. fp32 rows drift by about 1e-7 per tile, far below bf16's
+        # resolution, and the loop waits on no table load (docs/benchmarks.md, section 2).
+        cos, sin = _table_row(cos_sin_ptr, key_lo, stride_cs, ROT_HALF, ROT_HALF_P)
+        f1, f2 = _rotate(q1.to(tl.float32), q2.to(tl.float32), cos[None, :], -sin[None, :])
+        # (Row BLOCK_N exists whenever a second tile does: the table covers every position.)
+        step_cos, step_sin = _table_row(cos_sin_ptr, tl.minimum(BLOCK_N, seq_len - 1), stride_cs, ROT_HALF,
+                                        ROT_HALF_P)
+        step_cos, step_sin = _unit(step_cos, step_sin)
     for n0 in range(key_lo, key_hi, BLOCK_N):
         offs_n = n0 + offs_j
         key_ok = offs_n < seq_len
@@ -171,11 +189,9 @@ def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, k
         if ROT_HALF > 0:
             k1, k2 = _load_pair(k_rows, stride_kd, key_ok, BLOCK_N, ROT_HALF, ROT_HALF_P, IS_NEOX)
             if ROTATE_QUERY:
-                # R(b)^T with b = base + row_rot * KV_BLOCK_SIZE: the rows arrive rotated back
-                # by their offset (`_rotate_back_by_offset`), so one table row per tile.
-                cos, sin = _table_row(cos_sin_ptr, (n0 // KV_BLOCK_SIZE) * KV_BLOCK_SIZE, stride_cs, ROT_HALF,
-                                      ROT_HALF_P)
-                r1, r2 = _rotate(q1, q2, cos[None, :], -sin[None, :])
+                r1 = f1.to(q1.dtype)
+                r2 = f2.to(q1.dtype)
+                f1, f2 = _rotate(f1, f2, step_cos[None, :], -step_sin[None, :])
             else:
                 block_start = (offs_n // KV_BLOCK_SIZE) * KV_BLOCK_SIZE
                 cos, sin = _table_rows(cos_sin_ptr, block_start, key_ok, stride_cs, ROT_HALF, ROT_HALF_P)
@@ -212,8 +228,8 @@ def _rotate_back_by_offset(q1, q2, row_rot, seq_len, cos_sin_ptr, stride_cs, ROT
     rows = cos_sin_ptr + offset[:, None] * stride_cs + offs_h[None, :]
     cos = tl.load(rows, mask=ok, other=1.0).to(tl.float32)
     sin = tl.load(rows + ROT_HALF, mask=ok, other=0.0).to(tl.float32)
-    inv_norm = tl.math.rsqrt(cos * cos + sin * sin)
-    return _rotate(q1, q2, cos * inv_norm, -sin * inv_norm)
+    cos, sin = _unit(cos, sin)
+    return _rotate(q1, q2, cos, -sin)
 
 
 @triton.jit
@@ -413,8 +429,8 @@ _PREFILL = {
     256: AttentionConfig(64, 32, 4, 2),
 }
 _DECODE = {
-    64: AttentionConfig(16, 64, 4, 4),
-    128: AttentionConfig(16, 64, 4, 4),
+    64: AttentionConfig(16, 64, 2, 3),
+    128: AttentionConfig(16, 64, 2, 3),
     256: AttentionConfig(16, 32, 4, 2),
 }
 
@@ -459,13 +475,20 @@ def _num_sms(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
-def _split_count(programs: int, key_tiles: int, num_sms: int) -> int:
-    """Key splits when a decode launch has fewer programs than SMs: enough for about two
-    programs per SM (rounded down: a partial second wave cost more than it saved on the
-    H200), each split keeping >= 4 key tiles, at most 16."""
-    if programs >= num_sms:
+def decode_programs_to_fill(device: torch.device, head_size: int) -> int:
+    """Decode programs (requests x kv heads) that fill the GPU without key splits: about four
+    warps per SM with the default decode configuration."""
+    return 4 * _num_sms(device) // decode_config(head_size).num_warps
+
+
+def _split_count(programs: int, key_tiles: int, num_sms: int, num_warps: int) -> int:
+    """Key splits when a decode launch has too few programs to fill the GPU: enough for
+    about eight warps per SM (rounded down: a partial second wave cost more than it saved
+    on the H200), each split keeping >= 4 key tiles, at most 16."""
+    enough = 4 * num_sms // num_warps
+    if programs >= enough:
         return 1
-    return int(max(1, min((2 * num_sms) // max(1, programs), key_tiles // 4, 16)))
+    return int(max(1, min(2 * enough // max(1, programs), key_tiles // 4, 16)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -507,11 +530,12 @@ def launch(
     group_p = _pow2(group)
     limit = decode_query_limit(group)
     rot_half = work.rotary_dim // 2
-    nrot = 1
+    block_n, nrot = cfg.block_n, 1
     if decode:
         block_q, num_tiles = decode_block_q(group, max_query_len), num_reqs
-        if rot_half:
-            nrot = max(1, cfg.block_n // block_size)
+        if rot_half:  # key tiles of whole KV blocks, one query row per block
+            block_n = max(block_n, block_size)
+            nrot = block_n // block_size
         block_m = max(16, block_q * group_p * nrot)
     else:
         block_m = max(cfg.block_m, group_p)
@@ -522,7 +546,7 @@ def launch(
     splits = 1
     if decode:
         splits = cfg.num_splits or _split_count(
-            num_tiles * num_kv_heads, triton.cdiv(work.max_seq_len, cfg.block_n), _num_sms(query.device)
+            num_tiles * num_kv_heads, triton.cdiv(work.max_seq_len, block_n), _num_sms(query.device), cfg.num_warps
         )
     head_p = _pow2(head_size)
     if splits > 1:
@@ -541,7 +565,7 @@ def launch(
         *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0),
         HEAD=head_size, HEAD_P=head_p, ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
         PASS=pass_dim, PASS_P=_pow2(pass_dim, 16), IS_NEOX=work.is_neox, GROUP=group, GROUP_P=group_p,
-        KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n, NROT=nrot,
+        KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, NROT=nrot,
         DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
         USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -20,7 +20,7 @@ import torch
 from minipic_kernels.attention import PagedAttention, paged_rope_attention
 from minipic_kernels.block_kinds import BlockKind
 from minipic_kernels.kv_write import write_kv
-from minipic_kernels.triton_attention import _num_sms, decode_query_limit
+from minipic_kernels.triton_attention import decode_programs_to_fill, decode_query_limit
 
 __all__ = ["LayerShape", "warm_up"]
 
@@ -57,7 +57,7 @@ def warm_up(
     group = shape.num_q_heads // shape.num_kv_heads
     limit = decode_query_limit(group)
     # Enough decode requests to fill the GPU without key splits; one alone splits.
-    many = -(-_num_sms(device) // shape.num_kv_heads) + 1
+    many = -(-decode_programs_to_fill(device, shape.head_size) // shape.num_kv_heads) + 1
     batches = [
         [(96, 96), (80, 64), (600, 1)],  # scratch + stock kernel + windowed tiles; split decode
         [(50, 1)] * many,  # decode without splits
