@@ -350,7 +350,7 @@ def _attention_kernel(
         block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb,
         k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh,
         stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
-        HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, DECODE, KV_BLOCK_SIZE,
+        HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, DECODE & (ROT_HALF > 0), KV_BLOCK_SIZE,
         BLOCK_M, BLOCK_N, DOT_PRECISION,
     )  # fmt: skip
 
