@@ -16,6 +16,7 @@ CPU cost of dispatch is reported separately. Sections:
 - ``prefill``, ``chunked``, ``windowed``, ``decode``: times, ours / FA3;
 - ``decode_variants`` (not by default): the decode launch alone, over block-relative and
   over pre-rotated keys, a few launch shapes;
+- ``prefill_parts`` (not by default): each launch of a short window-free prefill alone;
 - ``jit``: after `warm_up`, a random mix of batches compiles no kernel.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import platform
 import random
@@ -35,7 +37,7 @@ import triton
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind, requests_with_windows, window_starts_per_block
 from minipic_kernels.reference import paged_rope_attention_reference, rotate
-from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch
+from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch, prefill_config
 from minipic_kernels.warmup import LayerShape, warm_up
 
 DEVICE = torch.device("cuda")
@@ -276,6 +278,41 @@ def section_times(fa, fa_func, version, sections: set[str]) -> list[dict]:
     return rows
 
 
+def section_prefill_parts(fa, fa_func, version) -> list[dict]:
+    """Where short window-free prefill time goes: each launch of MiniPIC's prefill alone
+    (the rotation pass into scratch pages, FA3 over them, the tile launch that finds no
+    windowed request), the whole call, and FA3 on the rotated cache."""
+    from minipic_kernels.rotary_pages import rotate_into_pages
+
+    rows = []
+    for name, reqs in (("prefill_1024", [(1024, 1024)]), ("chunk_256_over_16k", [(16384 + 256, 256)]),
+                       ("8x_512_over_2k", [(2048 + 512, 512)] * 8)):  # fmt: skip
+        batch, s = Batch(LLAMA3, reqs), LLAMA3
+        plan, out = batch.plan(), torch.empty_like(batch.query)
+        rotate = functools.partial(
+            rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.seq_lens, plan.page_start,
+            batch.cos_sin, s.rotary_dim, s.is_neox, num_pages=plan.num_pages, max_pages=plan.max_pages,
+        )  # fmt: skip
+        k_pages, v_pages = rotate()
+        work = TileLaunch(batch.query, k_pages, v_pages, plan.page_table, batch.query_start_loc, batch.seq_lens,
+                          batch.window_starts, batch.cos_sin, 0, s.is_neox, batch.scale, plan.max_seq_len)  # fmt: skip
+        row = {
+            "case": name,
+            "whole_ms": graph_ms(batch.ours(out, fa)),
+            "rotation_pass_ms": graph_ms(rotate),
+            "fa3_over_scratch_ms": graph_ms(lambda: fa(
+                batch.query, k_pages, v_pages, plan.page_table, batch.query_start_loc, plan.dense_seq_used,
+                plan.max_query_len, plan.max_seq_len, batch.scale, out)),
+            "tile_launch_no_windows_ms": graph_ms(lambda: launch(
+                work, out, prefill_config(s.head_size), decode=False, num_tokens=batch.query.shape[0],
+                max_query_len=plan.max_query_len, req_flags=plan.tile_flags)),
+            "fa3_ms": graph_ms(stock_fa(batch, torch.empty_like(batch.query), fa_func, version)),
+        }  # fmt: skip
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def section_decode_variants(fa_func, version) -> list[dict]:
     """Where decode time goes: the decode launch alone over block-relative keys (queries
     rotated per KV block) and over keys rotated beforehand (no rotation work at all), for
@@ -401,6 +438,8 @@ def main() -> None:
                           "any_nan": any(r["nan"] for r in result["correctness"])}), flush=True)  # fmt: skip
     if "decode_variants" in sections:
         result["decode_variants"] = section_decode_variants(fa_func, version)
+    if "prefill_parts" in sections:
+        result["prefill_parts"] = section_prefill_parts(fa, fa_func, version)
     if "kv_write" in sections:
         result["kv_write"] = section_kv_write()
     result["times"] = section_times(fa, fa_func, version, sections)

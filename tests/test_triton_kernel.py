@@ -51,6 +51,7 @@ CASE_NAMES = [
     "write_then_attend_float32",
     "write_then_attend_float16",
     "write_then_attend_float32_reference",
+    "decode_over_rotated_keys",
 ]
 
 
