@@ -475,17 +475,22 @@ def _num_sms(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
+def _programs_to_fill(num_sms: int, num_warps: int) -> int:
+    """Decode programs (requests x kv heads) that fill the GPU without key splits: about
+    four warps per SM."""
+    return 4 * num_sms // num_warps
+
+
 def decode_programs_to_fill(device: torch.device, head_size: int) -> int:
-    """Decode programs (requests x kv heads) that fill the GPU without key splits: about four
-    warps per SM with the default decode configuration."""
-    return 4 * _num_sms(device) // decode_config(head_size).num_warps
+    """`_programs_to_fill` at the default decode configuration of a head size."""
+    return _programs_to_fill(_num_sms(device), decode_config(head_size).num_warps)
 
 
 def _split_count(programs: int, key_tiles: int, num_sms: int, num_warps: int) -> int:
     """Key splits when a decode launch has too few programs to fill the GPU: enough for
     about eight warps per SM (rounded down: a partial second wave cost more than it saved
     on the H200), each split keeping >= 4 key tiles, at most 16."""
-    enough = 4 * num_sms // num_warps
+    enough = _programs_to_fill(num_sms, num_warps)
     if programs >= enough:
         return 1
     return int(max(1, min(2 * enough // max(1, programs), key_tiles // 4, 16)))
