@@ -140,6 +140,13 @@ class Batch:
             paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
         )  # fmt: skip
 
+    def tile_launch(self) -> TileLaunch:
+        """The batch as one kernel launch sees it (block-relative keys of the cache)."""
+        s = self.shape
+        return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.query_start_loc,
+                          self.seq_lens, self.window_starts, self.cos_sin, s.rotary_dim, s.is_neox, self.scale,
+                          max(n for n, _ in self.reqs))  # fmt: skip
+
     def reference(self) -> torch.Tensor:
         args = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in self.args().items()}
         return paged_rope_attention_reference(**args, window_starts=self.window_starts)
@@ -294,8 +301,8 @@ def section_prefill_parts(fa, fa_func, version) -> list[dict]:
             batch.cos_sin, s.rotary_dim, s.is_neox, num_pages=plan.num_pages, max_pages=plan.max_pages,
         )  # fmt: skip
         k_pages, v_pages = rotate()
-        work = TileLaunch(batch.query, k_pages, v_pages, plan.page_table, batch.query_start_loc, batch.seq_lens,
-                          batch.window_starts, batch.cos_sin, 0, s.is_neox, batch.scale, plan.max_seq_len)  # fmt: skip
+        work = dataclasses.replace(batch.tile_launch(), key_cache=k_pages, value_cache=v_pages,
+                                   block_table=plan.page_table, rotary_dim=0)  # fmt: skip
         row = {
             "case": name,
             "whole_ms": graph_ms(batch.ours(out, fa)),
@@ -328,9 +335,7 @@ def section_decode_variants(fa_func, version) -> list[dict]:
         fa3_ms = graph_ms(stock_fa(batch, torch.empty_like(batch.query), fa_func, version))
         gbytes = reqs * ctx * s.num_kv_heads * s.head_size * 2 * 2 / 1e9
         k_rot, v_rot = batch.rotated_cache()
-        block_relative = TileLaunch(batch.query, batch.key_cache, batch.value_cache, batch.block_table,
-                                    batch.query_start_loc, batch.seq_lens, batch.window_starts, batch.cos_sin,
-                                    s.rotary_dim, s.is_neox, batch.scale, ctx)  # fmt: skip
+        block_relative = batch.tile_launch()
         rotated = dataclasses.replace(block_relative, key_cache=k_rot, value_cache=v_rot, rotary_dim=0)
         out = torch.empty_like(batch.query)
         for cfg in configs:
