@@ -4,18 +4,19 @@
 
 Shape: Llama-3-8B attention (32 query heads, 8 kv heads, head size 128, bf16, block size
 16, neox RoPE, theta 500000, fp32 cos/sin table), the cache in vLLM's TRITON_ATTN layout
-(strided K/V views of one packed tensor), random data. FlashAttention (FA3 on Hopper, the
-kernel stock vLLM runs) reads a copy of the cache whose keys were rotated beforehand, so
-it does none of the rotation work that MiniPIC's path includes. Times are medians of CUDA
-graph replays (`triton.testing.do_bench_cudagraph`): GPU time, no launch overhead; the
-CPU cost of dispatch is reported separately. Sections:
+(strided K/V views of one packed tensor), random data. Cases named ``..._moved`` read
+their cached context away from where it was computed (a final prompt over reused spans);
+FlashAttention (FA3 on Hopper, the kernel stock vLLM runs) reads a copy of the cache whose
+keys were moved beforehand, so it does none of the rotation work that MiniPIC's path
+includes. Times are medians of CUDA graph replays (`triton.testing.do_bench_cudagraph`):
+GPU time, no launch overhead; the CPU cost of dispatch is reported separately. Sections:
 
 - ``correctness``: every path against the fp32 torch reference (rel. L2 error), for head
-  sizes 64/128/256, neox/gptj, partial rotary, scaled tables, a block twice in one table;
-- ``kv_write``: MiniPIC's cache write (keys rotated by their slot) / vLLM's Triton write;
+  sizes 64/128/256, neox/gptj, partial rotary, a block twice in one table, moved blocks;
+- ``kv_write``: MiniPIC's cache write / vLLM's Triton write;
 - ``prefill``, ``chunked``, ``windowed``, ``decode``: times, ours / FA3;
-- ``decode_variants`` (not by default): the decode launch alone, over block-relative and
-  over pre-rotated keys, a few launch shapes;
+- ``decode_variants`` (not by default): the decode launch alone over keys at their origin,
+  over moved keys and over keys without rotation support, a few launch shapes;
 - ``prefill_parts`` (not by default): each launch of a short window-free prefill alone;
 - ``jit``: after `warm_up`, a random mix of batches compiles no kernel.
 """
@@ -36,8 +37,9 @@ import triton
 
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind, requests_with_windows, window_starts_per_block
+from minipic_kernels.block_origins import key_shifts, misplaced_requests
 from minipic_kernels.reference import paged_rope_attention_reference, rotate
-from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch, prefill_config
+from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch
 from minipic_kernels.warmup import LayerShape, warm_up
 
 DEVICE = torch.device("cuda")
@@ -53,7 +55,6 @@ class Shape:
     block_size: int = 16
     dtype: torch.dtype = torch.bfloat16
     theta: float = 500000.0
-    table_scale: float = 1.0  # YaRN-like magnitude folded into cos/sin
 
 
 LLAMA3 = Shape()
@@ -63,7 +64,7 @@ def cos_sin_table(shape: Shape, positions: int) -> torch.Tensor:
     rot = shape.rotary_dim
     inv_freq = 1.0 / (shape.theta ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
-    return (torch.cat((freqs.cos(), freqs.sin()), dim=-1) * shape.table_scale).to(DEVICE)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(DEVICE)
 
 
 @dataclasses.dataclass
@@ -74,6 +75,7 @@ class Batch:
     reqs: list[tuple[int, int]]
     spans: int = 0  # 0: no windows; n: SSep every n blocks, then a PDep tail block
     duplicate_block: bool = False
+    moved: int = 0  # context blocks of each request computed elsewhere (a cached span reused here)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -86,11 +88,13 @@ class Batch:
         perm = torch.randperm(num_phys, generator=g)
         table = torch.zeros(len(self.reqs), max(blocks) + 1, dtype=torch.int32)
         kinds = torch.zeros(num_phys, dtype=torch.int8)
+        origin = torch.zeros(num_phys, dtype=torch.int32)
         at = 0
         for r, n in enumerate(blocks):
             ids = perm[at : at + n]
             at += n
             table[r, :n] = ids.to(torch.int32)
+            origin[ids] = (torch.arange(n) + 7 * (torch.arange(n) < self.moved)).to(torch.int32)
             if self.spans:
                 for b in range(0, n - 1, self.spans):
                     kinds[ids[b]] = BlockKind.SSEP
@@ -99,6 +103,7 @@ class Batch:
             table[0, blocks[0] - 1] = table[0, 0]
         self.block_table = table.to(DEVICE)
         self.block_kind = kinds.to(DEVICE)
+        self.block_origin = origin.to(DEVICE)
         q_lens = [q for _, q in self.reqs]
         qsl = torch.zeros(len(self.reqs) + 1, dtype=torch.int32)
         qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
@@ -108,75 +113,80 @@ class Batch:
         width = (s.num_q_heads + 2 * s.num_kv_heads) * s.head_size  # a slice of the fused qkv
         qkv = torch.randn(num_tokens, width, generator=g).to(s.dtype).to(DEVICE)
         self.query = qkv[:, : s.num_q_heads * s.head_size].view(num_tokens, s.num_q_heads, s.head_size)
-        self.cos_sin = cos_sin_table(s, max(n for n, _ in self.reqs) + 64)
+        self.cos_sin = cos_sin_table(s, max(n for n, _ in self.reqs) + 256)
         self.scale = s.head_size**-0.5
         self.window_starts = window_starts_per_block(self.block_table, self.block_kind, bs)
         self.windowed = requests_with_windows(self.window_starts, self.query_start_loc, self.seq_lens, bs)
+        self.misplaced = misplaced_requests(self.block_table, self.block_origin, self.seq_lens, bs)
 
     def plan(self, budget: int = 1 << 30):
+        """The step's plan, routed as the server routes it (one host sync, here outside the timing)."""
         s = self.shape
         plan = plan_step(
-            [q for _, q in self.reqs], [n for n, _ in self.reqs], self.query_start_loc, self.seq_lens,
-            max_seq_len=max(n for n, _ in self.reqs), block_size=s.block_size,
-            group=s.num_q_heads // s.num_kv_heads,
+            [q for _, q in self.reqs], [n for n, _ in self.reqs], max_seq_len=max(n for n, _ in self.reqs),
+            block_size=s.block_size, group=s.num_q_heads // s.num_kv_heads,
             page_bytes=2 * s.block_size * s.num_kv_heads * s.head_size * torch.finfo(s.dtype).bits // 8,
             scratch_budget_bytes=budget,
         )  # fmt: skip
-        return plan.routed(self.windowed, self.seq_lens)
+        return plan.routed(self.windowed, self.misplaced, self.seq_lens)
 
     def args(self) -> dict:
         s = self.shape
         return dict(
             query=self.query, key_cache=self.key_cache, value_cache=self.value_cache,
             block_table=self.block_table, query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
-            block_kind=self.block_kind, cos_sin=self.cos_sin, rotary_dim=s.rotary_dim,
+            block_kind=self.block_kind, block_origin=self.block_origin, cos_sin=self.cos_sin,
+            rotary_dim=s.rotary_dim,
             is_neox=s.is_neox, scale=self.scale,
         )  # fmt: skip
 
     def ours(self, out: torch.Tensor, fa, *, budget: int = 1 << 30, decode: AttentionConfig | None = None):
         plan = self.plan(budget)
         return lambda: paged_rope_attention(
-            **self.args(), output=out, plan=plan, window_starts=self.window_starts, windowed=self.windowed,
-            paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
+            **self.args(), output=out, plan=plan, window_starts=self.window_starts, moved=self.misplaced,
+            paged_attention=fa,
+            scratch_budget_bytes=budget, decode=decode,
         )  # fmt: skip
 
     def tile_launch(self) -> TileLaunch:
-        """The batch as one kernel launch sees it (block-relative keys of the cache)."""
+        """The batch as one kernel launch sees it (the cache's keys where they were computed)."""
         s = self.shape
-        return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.query_start_loc,
-                          self.seq_lens, self.window_starts, self.cos_sin, s.rotary_dim, s.is_neox, self.scale,
-                          max(n for n, _ in self.reqs))  # fmt: skip
+        return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_origin,
+                          self.misplaced.to(torch.int8), self.query_start_loc, self.seq_lens, self.window_starts,
+                          self.cos_sin, s.rotary_dim,
+                          s.is_neox, self.scale, max(n for n, _ in self.reqs))  # fmt: skip
 
     def reference(self) -> torch.Tensor:
         args = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in self.args().items()}
         return paged_rope_attention_reference(**args, window_starts=self.window_starts)
 
     def rotated_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """FA3's own layout (blocks, block_size, heads, head) with the cache's block-relative
-        keys rotated by their block's start (the timed FA3 cases have one request, or equal
-        layouts): the keys a stock server would hold."""
+        """FA3's own layout (blocks, block_size, heads, head) with every block's keys moved to
+        where its request reads it (the timed FA3 cases have one request, or equal layouts):
+        the keys a stock server would hold."""
         s = self.shape
         k = self.key_cache.contiguous().clone()
         v = self.value_cache.contiguous()
+        shifts = key_shifts(self.block_table, self.block_origin, s.block_size)
         for r, (n, _) in enumerate(self.reqs):
             nb = -(-n // s.block_size)
             ids = self.block_table[r, :nb].long()
             keys = k[ids].reshape(-1, s.num_kv_heads, s.head_size)
-            pos = torch.arange(keys.shape[0], device=DEVICE)
-            pos = pos - pos % s.block_size
-            k[ids] = rotate(keys, pos, self.cos_sin, s.rotary_dim, s.is_neox).to(s.dtype).view(
+            moved = shifts[r, :nb].repeat_interleave(s.block_size)
+            k[ids] = rotate(keys, moved, self.cos_sin, s.rotary_dim, s.is_neox).to(s.dtype).view(
                 nb, s.block_size, s.num_kv_heads, s.head_size)
         return k, v
 
 
 def flash_attention():
+    """MiniPIC's FA3 entry (`PagedAttention`) and vLLM's own call of it, for the baseline."""
     from vllm.v1.attention.backends.fa_utils import get_flash_attn_version
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
-    from minipic_server.backends.cuda import _paged_flash_attention
+    from minipic_server.backends.cuda import flash_attention_for
 
     version = get_flash_attn_version(head_size=128)
-    return _paged_flash_attention(flash_attn_varlen_func, version), flash_attn_varlen_func, version
+    return flash_attention_for(LLAMA3.dtype, LLAMA3.head_size), flash_attn_varlen_func, version
 
 
 def stock_fa(batch: Batch, out: torch.Tensor, fa_func, version):
@@ -217,12 +227,12 @@ def section_correctness(fa) -> list[dict]:
         "head64_gptj_g4": (Shape(16, 4, 64, 64, False), [(1200, 1200), (700, 300), (500, 1)], 3),
         "head256_g2": (Shape(8, 4, 256, 256), [(1000, 1000), (600, 1)], 2),
         "partial_rotary_bs32": (Shape(8, 8, 128, 64, block_size=32), [(900, 900), (400, 2)], 3),
-        "yarn_scaled_table": (Shape(table_scale=1.25), [(1024, 1024), (800, 1), (2000, 100)], 4),
+        "window_free_llama": (LLAMA3, [(1024, 1024), (800, 1), (2000, 100), (3000, 300)], 0),
     }
     rows = []
     for name, (shape, reqs, spans) in cases.items():
-        for dup in (False, True):
-            batch = Batch(shape, reqs, spans=spans, duplicate_block=dup, seed=len(rows))
+        for dup, moved in ((False, 0), (True, 0), (False, 5)):
+            batch = Batch(shape, reqs, spans=spans, duplicate_block=dup, moved=moved, seed=len(rows))
             ref = batch.reference()
             for path, kwargs in {
                 "default": {},
@@ -233,10 +243,10 @@ def section_correctness(fa) -> list[dict]:
             }.items():
                 out = torch.full_like(batch.query, float("nan"))
                 batch.ours(out, kwargs.pop("fa", fa), **kwargs)()
-                rows.append({"case": name, "duplicate_block": dup, "path": path, "rel_l2": rel_l2(out, ref),
-                             "nan": bool(out.isnan().any())})  # fmt: skip
+                rows.append({"case": name, "duplicate_block": dup, "moved_blocks": moved, "path": path,
+                             "rel_l2": rel_l2(out, ref), "nan": bool(out.isnan().any())})  # fmt: skip
     # A decode batch captured in a CUDA graph and replayed equals the eager result.
-    batch = Batch(LLAMA3, [(3000, 1)] * 16 + [(700, 1)] * 5, spans=4, seed=99)
+    batch = Batch(LLAMA3, [(3000, 1)] * 16 + [(700, 1)] * 5, spans=4, moved=20, seed=99)
     eager, graphed = torch.empty_like(batch.query), torch.empty_like(batch.query)
     batch.ours(eager, fa)()
     fn = batch.ours(graphed, fa)
@@ -273,6 +283,9 @@ def section_times(fa, fa_func, version, sections: set[str]) -> list[dict]:
         rows.append(timed_case("chunk_1024_over_16k", Batch(LLAMA3, [(16384 + 1024, 1024)]), fa, fa_func, version))
         rows.append(timed_case("chunk_256_over_16k", Batch(LLAMA3, [(16384 + 256, 256)]), fa, fa_func, version))
         rows.append(timed_case("8x_512_over_2k", Batch(LLAMA3, [(2048 + 512, 512)] * 8), fa, fa_func, version))
+        # A final prompt over 16k of cached spans computed elsewhere: the keys are moved first.
+        moved = Batch(LLAMA3, [(16384 + 1024, 1024)], moved=1024)
+        rows.append(timed_case("chunk_1024_over_16k_moved", moved, fa, fa_func, version))
     if "windowed" in sections:
         n = 32 * 1024 + 256
         spans = Batch(LLAMA3, [(n, n)], spans=64)  # 32 spans of 1,024 tokens, then a PDep tail
@@ -282,64 +295,54 @@ def section_times(fa, fa_func, version, sections: set[str]) -> list[dict]:
         for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024)):
             batch = Batch(LLAMA3, [(ctx, 1)] * reqs)
             rows.append(timed_case(f"decode_{reqs}x{ctx}", batch, fa, fa_func, version))
+        moved = Batch(LLAMA3, [(4096, 1)] * 64, moved=200)  # decode after a final prompt over reused spans
+        rows.append(timed_case("decode_64x4096_moved", moved, fa, fa_func, version))
     return rows
 
 
 def section_prefill_parts(fa, fa_func, version) -> list[dict]:
-    """Where short window-free prefill time goes: each launch of MiniPIC's prefill alone
-    (the rotation pass into scratch pages, FA3 over them, the tile launch that finds no
-    windowed request), the whole call, and FA3 on the rotated cache."""
+    """Where short window-free prefill time goes: the whole call, FA3 on keys already in
+    place, and for moved contexts the pass moving keys into scratch pages alone."""
     from minipic_kernels.rotary_pages import rotate_into_pages
 
     rows = []
     for name, reqs in (("prefill_1024", [(1024, 1024)]), ("chunk_256_over_16k", [(16384 + 256, 256)]),
                        ("8x_512_over_2k", [(2048 + 512, 512)] * 8)):  # fmt: skip
-        batch, s = Batch(LLAMA3, reqs), LLAMA3
-        plan, out = batch.plan(), torch.empty_like(batch.query)
-        rotate = functools.partial(
-            rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.seq_lens, plan.page_start,
-            batch.cos_sin, s.rotary_dim, s.is_neox, num_pages=plan.num_pages, max_pages=plan.max_pages,
-        )  # fmt: skip
-        k_pages, v_pages = rotate()
-        work = dataclasses.replace(batch.tile_launch(), key_cache=k_pages, value_cache=v_pages,
-                                   block_table=plan.page_table, rotary_dim=0)  # fmt: skip
-        row = {
-            "case": name,
-            "whole_ms": graph_ms(batch.ours(out, fa)),
-            "rotation_pass_ms": graph_ms(rotate),
-            "fa3_over_scratch_ms": graph_ms(lambda: fa(
-                batch.query, k_pages, v_pages, plan.page_table, batch.query_start_loc, plan.dense_seq_used,
-                plan.max_query_len, plan.max_seq_len, batch.scale, out)),
-            "tile_launch_no_windows_ms": graph_ms(lambda: launch(
-                work, out, prefill_config(s.head_size), decode=False, num_tokens=batch.query.shape[0],
-                max_query_len=plan.max_query_len, req_flags=plan.tile_flags)),
-            "fa3_ms": graph_ms(stock_fa(batch, torch.empty_like(batch.query), fa_func, version)),
-        }  # fmt: skip
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+        for moved in (0, 1 << 20):
+            batch, s = Batch(LLAMA3, reqs, moved=moved), LLAMA3
+            plan, out = batch.plan(), torch.empty_like(batch.query)
+            row = {"case": name, "moved": bool(moved), "whole_ms": graph_ms(batch.ours(out, fa)),
+                   "fa3_ms": graph_ms(stock_fa(batch, torch.empty_like(batch.query), fa_func, version))}  # fmt: skip
+            scratch = plan.routes.scratch if plan.routes else None
+            if scratch is not None:
+                row["move_pass_ms"] = graph_ms(functools.partial(
+                    rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin,
+                    batch.seq_lens, scratch.page_start, batch.cos_sin, s.rotary_dim, s.is_neox,
+                    num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
+            row["ratio"] = row["whole_ms"] / row["fa3_ms"]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     return rows
 
 
 def section_decode_variants(fa_func, version) -> list[dict]:
-    """Where decode time goes: the decode launch alone over block-relative keys (queries
-    rotated per KV block) and over keys rotated beforehand (no rotation work at all), for
-    the default launch shape (first), the previous one (4 warps) and fixed key splits,
-    against FA3 on the rotated keys. GB/s counts K and V read once."""
+    """Where decode time goes: the decode launch alone over keys at their origin (no
+    rotation), over moved keys (every tile rotated in registers) and over keys with
+    rotation compiled out, for the default launch shape (first) and fixed key splits,
+    against FA3 on keys in place. GB/s counts K and V read once."""
     rows = []
     s = LLAMA3
     default = decode_config(s.head_size)
-    configs = [default, AttentionConfig(16, 64, 4, 4), dataclasses.replace(default, num_splits=4),
-               dataclasses.replace(default, num_splits=16)]  # fmt: skip
+    configs = [default, dataclasses.replace(default, num_splits=4), dataclasses.replace(default, num_splits=16)]
     for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024)):
-        batch = Batch(s, [(ctx, 1)] * reqs)
-        fa3_ms = graph_ms(stock_fa(batch, torch.empty_like(batch.query), fa_func, version))
+        at_origin, moved = Batch(s, [(ctx, 1)] * reqs), Batch(s, [(ctx, 1)] * reqs, moved=1 << 20)
+        fa3_ms = graph_ms(stock_fa(at_origin, torch.empty_like(at_origin.query), fa_func, version))
         gbytes = reqs * ctx * s.num_kv_heads * s.head_size * 2 * 2 / 1e9
-        k_rot, v_rot = batch.rotated_cache()
-        block_relative = batch.tile_launch()
-        rotated = dataclasses.replace(block_relative, key_cache=k_rot, value_cache=v_rot, rotary_dim=0)
-        out = torch.empty_like(batch.query)
+        launches = {"at_origin": at_origin.tile_launch(), "moved": moved.tile_launch(),
+                    "no_rotation": dataclasses.replace(at_origin.tile_launch(), rotary_dim=0)}  # fmt: skip
+        out = torch.empty_like(at_origin.query)
         for cfg in configs:
-            for name, work in (("block_relative", block_relative), ("prerotated", rotated)):
+            for name, work in launches.items():
                 ms = graph_ms(lambda w=work, c=cfg: launch(w, out, c, decode=True, num_tokens=reqs, max_query_len=1))
                 row = {"case": f"decode_{reqs}x{ctx}", "variant": name, "config": dataclasses.asdict(cfg),
                        "ms": ms, "fa3_ms": fa3_ms, "ratio": ms / fa3_ms, "gb_per_s": gbytes / ms * 1e3}  # fmt: skip
@@ -349,7 +352,7 @@ def section_decode_variants(fa_func, version) -> list[dict]:
 
 
 def section_kv_write() -> list[dict]:
-    """MiniPIC's cache write (keys rotated by their slot) against vLLM's own Triton write."""
+    """MiniPIC's cache write against vLLM's own Triton write."""
     from vllm.v1.attention.ops.triton_reshape_and_cache_flash import triton_reshape_and_cache_flash
 
     from minipic_kernels.kv_write import write_kv
@@ -366,8 +369,7 @@ def section_kv_write() -> list[dict]:
         pos = torch.arange(tokens, device=DEVICE)
         slots = batch.block_table[0, pos // s.block_size].long() * s.block_size + pos % s.block_size
         one = torch.ones((), device=DEVICE)
-        ours = graph_ms(lambda: write_kv(key, value, batch.key_cache, batch.value_cache, slots, batch.cos_sin,
-                                         s.rotary_dim, s.is_neox))  # fmt: skip
+        ours = graph_ms(lambda: write_kv(key, value, batch.key_cache, batch.value_cache, slots))
         stock = graph_ms(lambda: triton_reshape_and_cache_flash(key, value, batch.key_cache, batch.value_cache, slots,
                                                                 "auto", one, one))  # fmt: skip
         row = {"case": f"kv_write_{tokens}", "ours_ms": ours, "vllm_ms": stock, "ratio": ours / stock}
@@ -403,7 +405,7 @@ def section_jit(fa) -> dict:
                 ctx = rng.randint(1, 6000)
                 q = rng.choice([1, 1, 1, rng.randint(2, 4), rng.randint(5, 600)])
                 reqs.append((ctx + q, q))
-            batch = Batch(shape, reqs, spans=rng.choice([0, 0, 3, 8]), seed=i)
+            batch = Batch(shape, reqs, spans=rng.choice([0, 0, 3, 8]), moved=rng.choice([0, 0, 2, 50]), seed=i)
             out = torch.empty_like(batch.query)
             batch.ours(out, fa, budget=rng.choice([1 << 30, 1 << 30, 0]))()
         torch.cuda.synchronize()

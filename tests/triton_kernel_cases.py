@@ -48,13 +48,14 @@ class Case:
     dtype: torch.dtype = torch.float32
     kinds: str = "mixed"  # "plain" | "mixed" (SSep/PDep blocks)
     duplicate_block: bool = False  # one physical block twice in a table
+    misplaced: float = 0.5  # share of blocks read away from their origin
     prefill: AttentionConfig | None = AttentionConfig(32, 16, 4, 1)
     decode: AttentionConfig | None = AttentionConfig(16, 32, 4, 1, num_splits=1)
-    # "scratch": prefill by the tile kernel over rotated scratch pages; "dense": window-free
-    # prefill by a stock paged kernel (the reference stands in for FlashAttention);
-    # "in_kernel": no scratch budget, keys rotated in the tile kernel.
-    mode: str = "scratch"
-    table_scale: float = 1.0  # YaRN-style magnitude scale folded into cos/sin
+    # "tiles": no stock kernel, the tile kernel takes every prefill request; "dense": a stock
+    # paged kernel (the reference stands in for FlashAttention) over the cache and over moved
+    # keys in scratch pages; "dense_over_budget": no scratch budget, the tile kernel takes
+    # the misplaced requests.
+    mode: str = "tiles"
     table_rows: int | None = None  # RoPE table length (default: longest request + 5)
     host_upper_bounds: int = 0  # plan from host lengths this much above the device's
     seed: int = 0
@@ -80,6 +81,12 @@ def build(case: Case) -> dict:
         r = max(range(len(case.reqs)), key=lambda i: blocks_per_req[i])
         assert blocks_per_req[r] >= 3
         table[r, blocks_per_req[r] - 1] = table[r, 0]
+    # Origins: where each block was computed; a share of the blocks sits elsewhere (reused spans).
+    origin = torch.randint(0, max_blocks, (num_phys,), generator=g, dtype=torch.int32)
+    for r, nb in enumerate(blocks_per_req):
+        for b in range(nb):
+            if torch.rand((), generator=g) >= case.misplaced:
+                origin[table[r, b]] = b
     kind = torch.zeros(num_phys, dtype=torch.int8)
     if case.kinds == "mixed":
         pattern = torch.randint(0, 5, (num_phys,), generator=g)
@@ -92,10 +99,10 @@ def build(case: Case) -> dict:
     qsl[1:] = torch.cumsum(torch.tensor(qlens), 0)
     num_tokens = int(qsl[-1])
     query = torch.randn(num_tokens, hkv * case.group, d, generator=g).to(case.dtype)
-    max_pos = case.table_rows or max(s for s, _ in case.reqs) + 5
+    max_pos = case.table_rows or max_blocks * bs + 5
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
-    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1) * case.table_scale
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     return dict(
         query=query,
         key_cache=key_cache,
@@ -104,6 +111,7 @@ def build(case: Case) -> dict:
         query_start_loc=qsl,
         seq_lens=seq_lens,
         block_kind=kind,
+        block_origin=origin,
         cos_sin=cos_sin,
         rotary_dim=rot,
         is_neox=case.is_neox,
@@ -137,15 +145,16 @@ CASES = [
          seed=14),
     Case("f16_default_configs_d128", [(130, 130), (66, 1)], group=4, head_size=128, dtype=F16,
          prefill=None, decode=None, seed=15),
-    Case("f32_in_kernel_rotation", MIXED, group=2, is_neox=False, mode="in_kernel", seed=16),
-    Case("f16_in_kernel_dup_partial", [(80, 80), (48, 2), (33, 1), (64, 20)], rotary_dim=32,
-         dtype=F16, duplicate_block=True, mode="in_kernel", seed=17),
+    Case("f32_dense_over_budget", DENSE, group=2, is_neox=False, mode="dense_over_budget", seed=16),
+    Case("f16_dense_over_budget_dup_partial", [(80, 80), (48, 2), (33, 1), (64, 20)], rotary_dim=32,
+         dtype=F16, duplicate_block=True, mode="dense_over_budget", seed=17),
+    Case("f32_all_at_origin", DENSE, group=2, kinds="plain", misplaced=0.0, mode="dense", seed=24),
+    Case("f32_all_misplaced", DENSE, group=2, kinds="plain", misplaced=1.0, mode="dense", seed=25),
     Case("f32_dense_mixed", DENSE, group=2, mode="dense", seed=18),
     Case("f32_dense_plain", DENSE, group=4, kinds="plain", mode="dense", seed=19),
     Case("f16_dense_gptj_dup", [(80, 80), (48, 2), (64, 30)], is_neox=False, dtype=F16,
          duplicate_block=True, mode="dense", seed=20),
-    Case("f32_scaled_table", MIXED, group=2, table_scale=1.3, seed=21),
-    Case("f32_short_table", [(20, 20), (12, 1)], table_rows=24,
+    Case("f32_short_table", [(20, 20), (12, 1)], table_rows=33,
          decode=AttentionConfig(16, 64, 4, 1, num_splits=1), seed=22),
     Case("f32_host_upper_bounds", DENSE, group=2, mode="dense", host_upper_bounds=40, seed=23),
 ]
@@ -156,18 +165,18 @@ def _run_case(case: Case) -> dict:
     ref = paged_rope_attention_reference(**inputs)
     out = torch.full_like(inputs["query"], float("nan"))
     extra: dict = {"prefill": case.prefill, "decode": case.decode}
-    if case.mode == "dense":
+    if case.mode.startswith("dense"):
         extra["paged_attention"] = paged_causal_attention_reference
-    if case.mode == "in_kernel":
+    if case.mode == "dense_over_budget":
         extra["scratch_budget_bytes"] = 0
     if case.host_upper_bounds:
         qsl = inputs["query_start_loc"].tolist()
         lengths = [n + case.host_upper_bounds for n in inputs["seq_lens"].tolist()]
         key_cache = inputs["key_cache"]
         extra["plan"] = plan_step(
-            [b - a for a, b in zip(qsl, qsl[1:])], lengths, inputs["query_start_loc"], inputs["seq_lens"],
-            max_seq_len=max(lengths), block_size=case.block_size, group=case.group,
-            page_bytes=2 * key_cache[0].numel() * key_cache.element_size(), scratch_budget_bytes=1 << 30,
+            [b - a for a, b in zip(qsl, qsl[1:])], lengths, max_seq_len=max(lengths), block_size=case.block_size,
+            group=case.group, page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
+            scratch_budget_bytes=1 << 30,
         )  # fmt: skip
     paged_rope_attention(**inputs, output=out, **extra)
     tol = 2e-2 if case.dtype == torch.float16 else 1e-3
@@ -182,7 +191,7 @@ def _rope_table(rows: int, rot: int, scale: float = 1.0) -> torch.Tensor:
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * scale
 
 
-def write_kv_case(is_neox: bool, rotary_dim: int, seed: int) -> dict:
+def write_kv_case(seed: int) -> dict:
     """`kv_write.write_kv` equals `write_kv_reference`: strided key/value views of a fused
     qkv, padding slots (-1) and rows past the slot mapping left alone."""
     g = torch.Generator().manual_seed(seed)
@@ -192,64 +201,80 @@ def write_kv_case(is_neox: bool, rotary_dim: int, seed: int) -> dict:
     value = qkv[:, (2 + hkv) * d :].view(tokens + 4, hkv, d)
     slots = torch.randperm(6 * bs, generator=g)[:tokens]
     slots[[3, 17]] = -1
-    table = _rope_table(bs, rotary_dim, 1.2)
     caches = []
     for write in (write_kv_reference, kv_write.write_kv):
         packed = torch.zeros(6, hkv, bs, 2 * d)
         key_cache, value_cache = packed.transpose(1, 2).split(d, dim=-1)
-        write(key, value, key_cache, value_cache, slots, table, rotary_dim, is_neox)
+        write(key, value, key_cache, value_cache, slots)
         caches.append(packed)
     max_err = float((caches[0] - caches[1]).abs().max())
-    name = f"write_kv_{'neox' if is_neox else 'gptj'}_rot{rotary_dim}"
-    return {"name": name, "ok": max_err <= 1e-5, "max_err": max_err, "tol": 1e-5}
+    return {"name": "write_kv", "ok": max_err <= 1e-6, "max_err": max_err, "tol": 1e-6}
 
 
-def write_then_attend_case(dtype: torch.dtype, seed: int, *, gpu_path: bool = True) -> dict:
-    """The convention end to end: keys written by `write_kv` (model table, scaled like YaRN)
-    and attended by `paged_rope_attention` (its unit table) equal plain causal attention
-    over keys rotated by the model table at their positions (no pages, no MiniPIC code).
-    ``gpu_path=False``: the CPU backend's pair, `write_kv_reference` and the reference."""
-    write = kv_write.write_kv if gpu_path else write_kv_reference
+def write_then_attend_case(dtype: torch.dtype, seed: int, *, path: str = "dense", is_neox: bool = True) -> dict:
+    """The convention end to end, against plain causal attention (no pages, no MiniPIC code):
+    keys rotated by the model table (scaled like YaRN) where first computed and written by
+    `write_kv`; a decode and a chunk then read some of those blocks at other positions
+    (before and after their origin), and `paged_rope_attention` (its unit table) must equal
+    attention over the same raw keys rotated at the reading request's positions.
+    ``path``: "dense" (stock kernel stand-in), "tiles" (no stock kernel) or "reference"
+    (the CPU backend's pair, `write_kv_reference` and the reference)."""
+    write = write_kv_reference if path == "reference" else kv_write.write_kv
     g = torch.Generator().manual_seed(seed)
     bs, hkv, group, d = 16, 2, 2, 64
-    lens = [(75, 75), (50, 1), (90, 30)]  # (seq_len, query_len): a prefill, a decode, a chunk
-    table = _rope_table(128, d, 1.25)
-    blocks = [-(-n // bs) for n, _ in lens]
-    block_table = torch.zeros(len(lens), max(blocks), dtype=torch.int32)
-    perm = torch.randperm(sum(blocks) + 2, generator=g)
-    packed = torch.zeros(sum(blocks) + 2, hkv, bs, 2 * d, dtype=dtype)
+    table = _rope_table(160, d, 1.25)
+    rope = lambda x, pos: rotate(x, pos, table, d, is_neox).to(dtype)  # noqa: E731 - the model's rotation
+    packed = torch.zeros(24, hkv, bs, 2 * d, dtype=dtype)
     key_cache, value_cache = packed.transpose(1, 2).split(d, dim=-1)
-    queries, expected, at = [], [], 0
+    origin = torch.zeros(24, dtype=torch.int32)
+    free = iter(torch.randperm(24, generator=g).tolist())
+    # Request 0 computes 75 tokens (blocks at their origin); request 1 (a decode over 50 keys)
+    # reads its blocks 2-3 first; request 2 (30 new tokens over 90) reads its blocks 0-2 from logical 2 on.
+    reuse = {1: {0: 2, 1: 3}, 2: {2: 0, 3: 1, 4: 2}}
+    lens = [(75, 75), (50, 1), (90, 30)]
+    raw_keys: list[torch.Tensor] = []
+    block_table = torch.zeros(len(lens), 6, dtype=torch.int32)
+    queries, expected = [], []
     for r, (n, q) in enumerate(lens):
-        block_table[r, : blocks[r]] = perm[at : at + blocks[r]].to(torch.int32)
-        at += blocks[r]
         keys = torch.randn(n, hkv, d, generator=g).to(dtype)
         values = torch.randn(n, hkv, d, generator=g).to(dtype)
-        slots = block_table[r, torch.arange(n) // bs].long() * bs + torch.arange(n) % bs
-        write(keys, values, key_cache, value_cache, slots, table, d, True)
-        query = torch.randn(q, hkv * group, d, generator=g).to(dtype)
+        for b in range(-(-n // bs)):
+            source = reuse.get(r, {}).get(b)
+            if source is None:
+                block_table[r, b] = next(free)
+                origin[block_table[r, b]] = b
+                pos = torch.arange(b * bs, min(n, (b + 1) * bs))
+                slots = block_table[r, b].long() * bs + pos % bs
+                write(rope(keys[pos], pos), values[pos], key_cache, value_cache, slots)
+            else:  # the other request's block: its raw keys and values, here
+                block_table[r, b] = block_table[0, source]
+                keys[b * bs : (b + 1) * bs] = raw_keys[0][source * bs : (source + 1) * bs]
+                values[b * bs : (b + 1) * bs] = value_cache[block_table[0, source]]
+        raw_keys.append(keys)
+        query = rope(torch.randn(q, hkv * group, d, generator=g), torch.arange(n - q, n))
         queries.append(query)
-        k = rotate(keys, torch.arange(n), table, d, True).repeat_interleave(group, 1).transpose(0, 1)
+        k = rope(keys, torch.arange(n)).float().repeat_interleave(group, 1).transpose(0, 1)
         scores = query.float().transpose(0, 1) @ k.transpose(1, 2) * d**-0.5
         causal = torch.arange(n)[None, :] <= torch.arange(n - q, n)[:, None]
         probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         expected.append((probs @ values.float().repeat_interleave(group, 1).transpose(0, 1)).transpose(0, 1))
     qsl = torch.tensor([0, 75, 76, 106], dtype=torch.int32)
     args = (torch.cat(queries), key_cache, value_cache, block_table, qsl,
-            torch.tensor([n for n, _ in lens], dtype=torch.int32), torch.zeros(packed.shape[0], dtype=torch.int8),
-            unit_rotation_table(table), d, True, d**-0.5)  # fmt: skip
-    if gpu_path:
-        out = paged_rope_attention(*args, paged_attention=paged_causal_attention_reference)
-    else:
+            torch.tensor([n for n, _ in lens], dtype=torch.int32), torch.zeros(24, dtype=torch.int8), origin,
+            unit_rotation_table(table), d, is_neox, d**-0.5)  # fmt: skip
+    if path == "reference":
         out = paged_rope_attention_reference(*args)
+    else:
+        stock = paged_causal_attention_reference if path == "dense" else None
+        out = paged_rope_attention(*args, paged_attention=stock)
     max_err = float((out.float() - torch.cat(expected)).abs().max())
     tol = 2e-2 if dtype == torch.float16 else 1e-3
-    name = f"write_then_attend_{str(dtype).split('.')[-1]}{'' if gpu_path else '_reference'}"
+    name = f"write_then_attend_{str(dtype).split('.')[-1]}_{path}{'' if is_neox else '_gptj'}"
     return {"name": name, "ok": max_err <= tol, "max_err": max_err, "tol": tol}
 
 
 def decode_over_rotated_keys_case(seed: int) -> dict:
-    """The decode launch over keys already rotated (``rotary_dim`` 0, as the benchmarks'
+    """The decode launch over keys already in place (``rotary_dim`` 0, as the benchmarks'
     pre-rotated baseline runs it) attends every key of a multi-block key tile: equal to a
     stock paged causal kernel over the same pages."""
     g = torch.Generator().manual_seed(seed)
@@ -267,25 +292,27 @@ def decode_over_rotated_keys_case(seed: int) -> dict:
     qsl = torch.arange(len(lens) + 1, dtype=torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     work = triton_attention.TileLaunch(
-        query, key_cache, value_cache, block_table, qsl, seq_lens, torch.zeros_like(block_table),
-        _rope_table(max(lens), d), 0, True, d**-0.5, max(lens),
+        query, key_cache, value_cache, block_table, torch.zeros(sum(blocks), dtype=torch.int32),
+        torch.zeros(len(lens), dtype=torch.int8), qsl, seq_lens,
+        torch.zeros_like(block_table), _rope_table(max(lens), d), 0, True, d**-0.5, max(lens),
     )  # fmt: skip
     out, expected = torch.full_like(query, float("nan")), torch.empty_like(query)
     triton_attention.launch(work, out, AttentionConfig(16, 64, 2, 1), decode=True, num_tokens=len(lens),
                             max_query_len=1)  # fmt: skip
-    paged_causal_attention_reference(query, key_cache, value_cache, block_table, qsl, seq_lens, 1, max(lens),
-                                     d**-0.5, expected)  # fmt: skip
+    paged_causal_attention_reference(query, key_cache, value_cache, block_table, qsl, torch.ones_like(seq_lens),
+                                     seq_lens, 1, max(lens), d**-0.5, expected)  # fmt: skip
     max_err = float((out - expected).abs().nan_to_num(float("inf")).max())
     return {"name": "decode_over_rotated_keys", "ok": max_err <= 1e-3, "max_err": max_err, "tol": 1e-3}
 
 
 EXTRA_CASES: dict[str, Callable[[], dict]] = {
     "decode_over_rotated_keys": lambda: decode_over_rotated_keys_case(35),
-    "write_kv_neox_rot64": lambda: write_kv_case(True, 64, 30),
-    "write_kv_gptj_rot32": lambda: write_kv_case(False, 32, 31),
-    "write_then_attend_float32": lambda: write_then_attend_case(torch.float32, 32),
-    "write_then_attend_float16": lambda: write_then_attend_case(torch.float16, 33),
-    "write_then_attend_float32_reference": lambda: write_then_attend_case(torch.float32, 34, gpu_path=False),
+    "write_kv": lambda: write_kv_case(30),
+    "write_then_attend_float32_dense": lambda: write_then_attend_case(torch.float32, 32),
+    "write_then_attend_float16_dense": lambda: write_then_attend_case(torch.float16, 33),
+    "write_then_attend_float32_tiles_gptj": lambda: write_then_attend_case(torch.float32, 36, path="tiles",
+                                                                            is_neox=False),
+    "write_then_attend_float32_reference": lambda: write_then_attend_case(torch.float32, 34, path="reference"),
 }
 
 
@@ -365,9 +392,9 @@ def warm_up_coverage(steps: int = 16, seed: int = 0) -> dict:
     for paged_attention in (None, paged_causal_attention_reference):
         warm = _launches(lambda: warmup.warm_up(shape, cos_sin, 0.125, paged_attention))
         serving = _launches(lambda: [
-            warmup._run(shape, cos_sin, 0.125, paged_attention, _random_step(rng, limit),
-                        rng.choice((1 << 30, 1 << 30, 0)), 64)
-            for _ in range(steps)
+            warmup._run(shape, cos_sin, 0.125, paged_attention, reqs, rng.choice((1 << 30, 1 << 30, 0)), 64,
+                        moved=rng.randrange(-1, len(reqs)))
+            for reqs in (_random_step(rng, limit) for _ in range(steps))
         ])  # fmt: skip
         missing += [repr(variant) for variant in serving - warm]
         warmed, stepped = warmed + len(warm), stepped + len(serving)

@@ -1,8 +1,9 @@
 """Attention kernels for position-independent caching.
 
-Keys live in the paged KV cache *block-relative* (rotated by their slot in their block
-only); attention adds the rotation of the block's position in the current request and
-restricts each query row to its span window.
+Keys live in the paged KV cache as the model rotated them where they were computed, and
+each block records that place (its origin); attention moves the keys of a block read
+elsewhere (a reused span) by the distance between the two places and restricts each
+query row to its span window.
 `reference` is the readable torch definition of that contract (and the CPU
 path); `triton_attention` is the GPU implementation of the same contract.
 """

@@ -1,25 +1,27 @@
-"""GPU attention over block-relative keys: which kernel computes which rows of a step.
+"""GPU attention over position-stamped keys: which kernel computes which rows of a step.
 
 Implements the contract of `minipic_kernels.reference.paged_rope_attention_reference`.
-A step's requests fall into three groups, each computed by the fastest kernel that is
+A step's requests fall into four groups, each computed by the fastest kernel that is
 exact for it:
 
-* **decode** (at most `decode_query_limit` query tokens): the Triton kernel, rotating the
-  query per KV block instead of the keys, so K/V stream from the paged cache into the dot
-  (memory-bound: one pass over K/V);
-* **prefill without windows** (every row's window starts at 0, which is what a span
-  prefill, a final prompt over cached spans and a plain prompt are): the step's keys are
-  rotated once into scratch pages (`rotary_pages`), then a stock causal paged kernel
-  (FlashAttention in vLLM) runs over them;
+* **decode** (at most `decode_query_limit` query tokens): the Triton kernel, K/V from the
+  paged cache straight into the dot (memory-bound: one pass over K/V), keys of misplaced
+  blocks rotated in registers;
+* **prefill at origin** (no windows, every block where it was computed: plain prompts,
+  prefix hits, a request's own earlier chunks, span prefills): a stock causal paged kernel
+  (FlashAttention-3 in vLLM) over the cache itself, as stock vLLM runs it;
+* **prefill over misplaced blocks** (no windows, a cached span placed after another
+  prefix: ISPS final prompts): keys moved into scratch pages once (`rotary_pages`), then
+  the stock kernel over them;
 * **prefill with windows** (spans computed inside a prompt): the Triton tile kernel over
-  the same scratch pages, skipping key tiles outside each row's window.
+  the cache, skipping key tiles outside each row's window.
 
-Which requests have windows is only known on the device (it depends on the block record),
-so both prefill kernels are launched and each skips the other's requests: no host sync.
-Scratch sizes come from a `StepPlan` that the metadata builder computes once per step
-from host-side lengths. Without a stock kernel (``paged_attention=None``) the tile kernel
-takes every prefill request; when the scratch would exceed its budget it rotates keys
-in registers instead.
+Which requests have windows or misplaced blocks is known on the device (from the block
+records); `StepPlan.routed` brings those flags to the host once per step with prefill (one
+small sync, before any layer runs), so every layer launches only the kernels that have
+work. The stock kernel computes only the rows it is given (``query_used``), so the
+launches never overwrite each other. Without a stock kernel (``paged_attention=None``)
+the tile kernel takes every prefill request.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Protocol
 import torch
 
 from minipic_kernels.block_kinds import requests_with_windows, window_starts_per_block
+from minipic_kernels.block_origins import misplaced_requests
 from minipic_kernels.rotary_pages import page_table, rotate_into_pages
 from minipic_kernels.triton_attention import (
     AttentionConfig,
@@ -45,11 +48,11 @@ __all__ = ["PagedAttention", "StepPlan", "paged_rope_attention", "plan_step"]
 
 
 class PagedAttention(Protocol):
-    """A stock causal attention over pre-rotated paged keys (FlashAttention's paged varlen).
+    """A stock causal attention over paged keys as they are (FlashAttention-3's paged varlen).
 
-    Row ``i`` of request ``r`` sits at position ``seq_used[r] - q_len + i`` and attends to
-    keys ``0 ..`` that position; requests with ``seq_used[r] == 0`` may be written with
-    anything (later kernels overwrite them).
+    Row ``i < query_used[r]`` of request ``r`` sits at position ``seq_used[r] - query_used[r] + i``
+    and attends to keys ``0 ..`` that position; rows of requests with ``query_used[r] == 0``
+    are left untouched.
     """
 
     def __call__(
@@ -59,6 +62,7 @@ class PagedAttention(Protocol):
         value_pages: torch.Tensor,
         page_table: torch.Tensor,
         query_start_loc: torch.Tensor,
+        query_used: torch.Tensor,
         seq_used: torch.Tensor,
         max_query_len: int,
         max_seq_len: int,
@@ -68,45 +72,80 @@ class PagedAttention(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class Scratch:
+    """Scratch pages of the misplaced window-free requests: ``page_start`` (device) gives each
+    its first page, -1 for the others."""
+
+    page_start: torch.Tensor
+    page_table: torch.Tensor  # (num_reqs, max_pages) scratch page ids
+    query_used: torch.Tensor  # rows the stock kernel computes over the pages, per request
+    num_pages: int
+    max_pages: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Routes:
+    """Which kernel computes each prefill request this step (None: no request of that kind)."""
+
+    at_origin: torch.Tensor | None  # stock kernel over the cache: rows per request (0: not its)
+    scratch: Scratch | None  # stock kernel over moved keys
+    tiles: torch.Tensor | None  # int8 per request: the tile kernel over the cache
+
+
+@dataclasses.dataclass(frozen=True)
 class StepPlan:
-    """Host-side facts about one step, shared by all layers.
+    """Host-side facts about one step, shared by all layers; `routed` adds the routes."""
 
-    ``page_start`` (on the device) gives each prefill request its first scratch page, -1
-    for the others; None when the step's scratch would exceed the budget.
-    """
-
+    query_lens: tuple[int, ...]
+    seq_len_bounds: tuple[int, ...]  # host upper bounds of the device lengths
     max_query_len: int
     max_seq_len: int
     max_decode_query_len: int
     has_decode: bool
     has_prefill: bool
-    page_start: torch.Tensor | None = None
-    page_table: torch.Tensor | None = None  # (num_reqs, max_pages) scratch page ids
-    num_pages: int = 0
-    max_pages: int = 0
-    # Set by `routed` once per step: keys per request for the stock kernel (0: not its
-    # request) and the tile kernel's per-request flags.
-    dense_seq_used: torch.Tensor | None = None
-    tile_flags: torch.Tensor | None = None
+    decode_limit: int  # requests with more query tokens are prefill
+    block_size: int
+    page_bytes: int  # one scratch page of keys plus values
+    scratch_budget_bytes: int
+    routes: Routes | None = None
 
-    def routed(self, windowed: torch.Tensor, seq_lens: torch.Tensor) -> StepPlan:
-        """Split the prefill requests between the stock kernel (no windows) and the tile
-        kernel (windows), given `requests_with_windows` for this step."""
-        if self.page_start is None:
+    def routed(self, windowed: torch.Tensor, misplaced: torch.Tensor, seq_lens: torch.Tensor) -> StepPlan:
+        """Route each prefill request from the device flags (`requests_with_windows`,
+        `misplaced_requests`): the step's one host sync, none without prefill."""
+        if not self.has_prefill or self.routes is not None:
             return self
-        has_pages = self.page_start >= 0
-        return dataclasses.replace(
-            self,
-            dense_seq_used=torch.where(has_pages & ~windowed, seq_lens, 0).to(torch.int32),
-            tile_flags=(has_pages & windowed).to(torch.int8),
+        flags = torch.stack((windowed, misplaced)).cpu().tolist()  # the host sync
+        prefill = [q > self.decode_limit for q in self.query_lens]
+        tiles = [p and w for p, w in zip(prefill, flags[0])]
+        moved = [p and not w and m for p, w, m in zip(prefill, *flags)]
+        at_origin = [p and not w and not m for p, w, m in zip(prefill, *flags)]
+        pages = [-(-n // self.block_size) if m else 0 for m, n in zip(moved, self.seq_len_bounds)]
+        if sum(pages) * self.page_bytes > self.scratch_budget_bytes:
+            tiles = [t or m for t, m in zip(tiles, moved)]
+            moved, pages = [False] * len(moved), [0] * len(moved)
+        device = seq_lens.device
+        rows = torch.tensor(
+            [[q if a else 0 for q, a in zip(self.query_lens, at_origin)],
+             [q if m else 0 for q, m in zip(self.query_lens, moved)],
+             [int(m) for m in moved], [int(t) for t in tiles]],
+            dtype=torch.int32,
+        ).to(device, non_blocking=True)  # fmt: skip
+        scratch = None
+        if any(moved):
+            dev_pages = torch.where(rows[2] > 0, (seq_lens + self.block_size - 1) // self.block_size, 0)
+            start = torch.where(rows[2] > 0, torch.cumsum(dev_pages, 0) - dev_pages, -1).to(torch.int32)
+            scratch = Scratch(start, page_table(start, max(pages)), rows[1], sum(pages), max(pages))
+        routes = Routes(
+            at_origin=rows[0] if any(at_origin) else None,
+            scratch=scratch,
+            tiles=rows[3].to(torch.int8) if any(tiles) else None,
         )
+        return dataclasses.replace(self, routes=routes)
 
 
 def plan_step(
     query_lens: Sequence[int],
     seq_lens: Sequence[int] | None,
-    query_start_loc: torch.Tensor,
-    seq_lens_device: torch.Tensor,
     *,
     max_seq_len: int,
     block_size: int,
@@ -114,39 +153,22 @@ def plan_step(
     page_bytes: int,
     scratch_budget_bytes: int,
 ) -> StepPlan:
-    """Plan a step from host-side query lengths and (upper bounds on) sequence lengths.
-
-    Scratch sizes are host ints from the host lengths (``seq_lens=None`` bounds every
-    request by ``max_seq_len``); each request's first page is computed on the device
-    from the device lengths (exact, never above the bounds): no host-to-device copy.
-    ``page_bytes`` is one scratch page of keys plus values.
-    """
+    """Plan a step from host-side query lengths and (upper bounds on) sequence lengths
+    (``seq_lens=None`` bounds every request by ``max_seq_len``)."""
     limit = decode_query_limit(group)
-    is_prefill = [q > limit for q in query_lens]
     decode_lens = [q for q in query_lens if 0 < q <= limit]
-    plan = StepPlan(
+    return StepPlan(
+        query_lens=tuple(query_lens),
+        seq_len_bounds=tuple(seq_lens if seq_lens is not None else [max_seq_len] * len(query_lens)),
         max_query_len=max(query_lens, default=0),
         max_seq_len=max_seq_len,
         max_decode_query_len=max(decode_lens, default=0),
         has_decode=bool(decode_lens),
-        has_prefill=any(is_prefill),
-    )
-    if not plan.has_prefill:
-        return plan
-    lengths = seq_lens if seq_lens is not None else [max_seq_len] * len(query_lens)
-    pages = [-(-int(n) // block_size) if prefill else 0 for prefill, n in zip(is_prefill, lengths)]
-    if sum(pages) * page_bytes > scratch_budget_bytes:
-        return plan
-    device_q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    prefill = device_q_lens > limit
-    device_pages = torch.where(prefill, (seq_lens_device + block_size - 1) // block_size, 0)
-    page_start = torch.where(prefill, torch.cumsum(device_pages, 0) - device_pages, -1).to(torch.int32)
-    return dataclasses.replace(
-        plan,
-        page_start=page_start,
-        page_table=page_table(page_start, max(pages)),
-        num_pages=sum(pages),
-        max_pages=max(pages),
+        has_prefill=any(q > limit for q in query_lens),
+        decode_limit=limit,
+        block_size=block_size,
+        page_bytes=page_bytes,
+        scratch_budget_bytes=scratch_budget_bytes,
     )
 
 
@@ -158,6 +180,7 @@ def paged_rope_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     block_kind: torch.Tensor,
+    block_origin: torch.Tensor,
     cos_sin: torch.Tensor,
     rotary_dim: int,
     is_neox: bool,
@@ -166,19 +189,20 @@ def paged_rope_attention(
     *,
     plan: StepPlan | None = None,
     window_starts: torch.Tensor | None = None,
-    windowed: torch.Tensor | None = None,
+    moved: torch.Tensor | None = None,
     paged_attention: PagedAttention | None = None,
     scratch_budget_bytes: int = 1 << 30,
     prefill: AttentionConfig | None = None,
     decode: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    """Attention of each request's query rows over its paged, block-relative keys.
+    """Attention of each request's query rows over its paged keys, each block moved from its
+    origin to where the request reads it.
 
     Shapes and semantics as `paged_rope_attention_reference`. ``plan`` comes from
-    `plan_step` (computed here with a host sync when omitted, for standalone use);
-    ``window_starts`` and ``windowed`` (`requests_with_windows`) may be passed when the
-    caller derived them once for the step. ``output`` must not alias the inputs.
-    ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
+    `plan_step` and, for a step with prefill, `StepPlan.routed` (both done here, with host
+    syncs, when omitted: standalone use); ``window_starts`` and ``moved``
+    (`misplaced_requests`) may be passed when the caller derived them once for the step.
+    ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
     """
     num_tokens, num_q_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -188,27 +212,32 @@ def paged_rope_attention(
         return output
     if window_starts is None:
         window_starts = window_starts_per_block(block_table, block_kind, block_size)
+    if moved is None:
+        moved = misplaced_requests(block_table, block_origin, seq_lens, block_size)
     if plan is None:
         qsl = query_start_loc.tolist()
         lengths = seq_lens.tolist()
         plan = plan_step(
             [b - a for a, b in zip(qsl, qsl[1:])],
             lengths,
-            query_start_loc,
-            seq_lens,
             max_seq_len=max(lengths, default=0),
             block_size=block_size,
             group=num_q_heads // num_kv_heads,
             page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=scratch_budget_bytes,
         )
+    if plan.has_prefill and plan.routes is None:
+        plan = plan.routed(
+            requests_with_windows(window_starts, query_start_loc, seq_lens, block_size),
+            moved,
+            seq_lens,
+        )
     work = TileLaunch(
-        query, key_cache, value_cache, block_table, query_start_loc, seq_lens, window_starts,
-        cos_sin, rotary_dim, bool(is_neox), float(scale), plan.max_seq_len,
+        query, key_cache, value_cache, block_table, block_origin, moved.to(torch.int8), query_start_loc, seq_lens,
+        window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale), plan.max_seq_len,
     )  # fmt: skip
     if plan.has_prefill:
-        cfg = prefill or prefill_config(head_size)
-        _prefill(work, output, plan, cfg, windowed, paged_attention, num_tokens)
+        _prefill(work, output, plan, prefill or prefill_config(head_size), paged_attention, num_tokens)
     if plan.has_decode:
         launch(work, output, decode or decode_config(head_size), decode=True, num_tokens=num_tokens,
                max_query_len=plan.max_decode_query_len)  # fmt: skip
@@ -220,30 +249,30 @@ def _prefill(
     output: torch.Tensor,
     plan: StepPlan,
     cfg: AttentionConfig,
-    windowed: torch.Tensor | None,
     paged_attention: PagedAttention | None,
     num_tokens: int,
 ) -> None:
-    if plan.page_start is None or not work.rotary_dim:
-        launch(work, output, cfg, decode=False, num_tokens=num_tokens, max_query_len=plan.max_query_len)
+    routes = plan.routes
+    assert routes is not None, "a prefill step is routed before attention"
+    tiles = dict(decode=False, num_tokens=num_tokens, max_query_len=plan.max_query_len)
+    if paged_attention is None:
+        launch(work, output, cfg, **tiles)
         return
-    key_pages, value_pages = rotate_into_pages(
-        work.key_cache, work.value_cache, work.block_table, work.seq_lens, plan.page_start,
-        work.cos_sin, work.rotary_dim, work.is_neox, num_pages=plan.num_pages, max_pages=plan.max_pages,
-    )  # fmt: skip
-    scratch = dataclasses.replace(
-        work, key_cache=key_pages, value_cache=value_pages, block_table=plan.page_table, rotary_dim=0
-    )
-    if paged_attention is not None:
-        if plan.dense_seq_used is None:
-            if windowed is None:
-                windowed = requests_with_windows(
-                    work.window_starts, work.query_start_loc, work.seq_lens, work.key_cache.shape[1]
-                )
-            plan = plan.routed(windowed, work.seq_lens)
+    if routes.at_origin is not None:
         paged_attention(
-            work.query, key_pages, value_pages, plan.page_table, work.query_start_loc, plan.dense_seq_used,
-            plan.max_query_len, plan.max_seq_len, work.scale, output,
+            work.query, work.key_cache, work.value_cache, work.block_table, work.query_start_loc, routes.at_origin,
+            work.seq_lens, plan.max_query_len, plan.max_seq_len, work.scale, output,
         )  # fmt: skip
-    launch(scratch, output, cfg, decode=False, num_tokens=num_tokens, max_query_len=plan.max_query_len,
-           req_flags=plan.tile_flags if paged_attention is not None else None)  # fmt: skip
+    if routes.scratch is not None:
+        scratch = routes.scratch
+        key_pages, value_pages = rotate_into_pages(
+            work.key_cache, work.value_cache, work.block_table, work.block_origin, work.seq_lens,
+            scratch.page_start, work.cos_sin, work.rotary_dim, work.is_neox, num_pages=scratch.num_pages,
+            max_pages=scratch.max_pages,
+        )  # fmt: skip
+        paged_attention(
+            work.query, key_pages, value_pages, scratch.page_table, work.query_start_loc, scratch.query_used,
+            work.seq_lens, plan.max_query_len, plan.max_seq_len, work.scale, output,
+        )  # fmt: skip
+    if routes.tiles is not None:
+        launch(work, output, cfg, req_flags=routes.tiles, **tiles)

@@ -1,4 +1,4 @@
-"""Torch reference for paged attention over block-relative keys with span windows.
+"""Torch reference for paged attention over position-stamped keys with span windows.
 
 This is the contract every MiniPIC attention kernel implements, written for
 clarity rather than speed. vLLM's CPU path uses it directly; the Triton kernels
@@ -10,16 +10,17 @@ Conventions (shared with the Triton kernels):
   ``seq_lens[r] - query_len[r] + i``).
 - ``key_cache`` / ``value_cache``: ``(num_blocks, block_size, num_kv_heads,
   head_size)``, any strides (vLLM hands out strided views of one packed tensor).
-  Keys are *block-relative*: `write_kv_reference` stores each key rotated by its slot
-  in its block (``position % block_size``), by the model's own table. A block's keys
-  thus depend on its tokens only, never on where the block sits in a prompt, and
-  blocks always start at multiples of ``block_size``.
+  Keys are stored as the model rotated them, at the position where they were computed,
+  exactly as stock vLLM stores them; `write_kv_reference` only copies.
+- ``block_origin``: ``(num_physical_blocks,)`` int32, the logical block index at which
+  each physical block's keys were computed (`minipic_kernels.block_origins`). A block
+  read at its origin (a plain prompt, a prefix hit, a request's own earlier chunks) is
+  attended as it is; a block placed elsewhere (a cached span reused after another
+  prefix) has its keys rotated by ``(b - block_origin[block]) * block_size``.
 - ``cos_sin``: ``(max_positions, rotary_dim)`` float32, ``cat(cos, sin)`` halves,
-  the same layout as vLLM's ``cos_sin_cache``. The attention side applies it as a pure
-  rotation (`unit_rotation_table`), the write side as the model does (scaled tables too):
-  ``R(b) . R_model(j - b) == R_model(j)``.
-- Key ``j`` of a request is rotated by its block's first position ``j - j % block_size``;
-  a query at position ``p`` in logical block ``p // block_size`` attends keys
+  the same layout as vLLM's ``cos_sin_cache``, applied as a pure rotation
+  (`unit_rotation_table`): ``R(d) . R_model(o) == R_model(o + d)``.
+- A query at position ``p`` in logical block ``p // block_size`` attends keys
   ``window_start .. p``.
 """
 
@@ -28,13 +29,17 @@ from __future__ import annotations
 import torch
 
 from minipic_kernels.block_kinds import window_starts_per_block
+from minipic_kernels.block_origins import key_shifts
 
 
 def rotate(
     x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, is_neox: bool
 ) -> torch.Tensor:
-    """Apply RoPE to ``x`` ``(tokens, heads, head_size)`` at ``positions``; returns float32."""
-    cos, sin = cos_sin.index_select(0, positions.long()).float().chunk(2, dim=-1)
+    """Apply RoPE to ``x`` ``(tokens, heads, head_size)`` at ``positions`` (negative ones
+    rotate backwards); returns float32."""
+    positions = positions.long()
+    cos, sin = cos_sin.index_select(0, positions.abs()).float().chunk(2, dim=-1)
+    sin = torch.where(positions[:, None] < 0, -sin, sin)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     x = x.float()
     rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
@@ -61,13 +66,10 @@ def write_kv_reference(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    cos_sin: torch.Tensor,
-    rotary_dim: int,
-    is_neox: bool,
 ) -> None:
-    """Store a step's keys (rotated by their slot in the block) and values; slot -1 is padding.
+    """Store a step's keys (as the model rotated them) and values; slot -1 is padding.
 
-    ``key``/``value``: ``(num_tokens, num_kv_heads, head_size)``, unrotated keys; rows past
+    ``key``/``value``: ``(num_tokens, num_kv_heads, head_size)``; rows past
     ``slot_mapping``'s length are ignored.
     """
     num_tokens = min(slot_mapping.shape[0], key.shape[0])
@@ -76,8 +78,7 @@ def write_kv_reference(
     slots = slots[valid].long()
     block_size = key_cache.shape[1]
     blocks, offsets = slots // block_size, slots % block_size
-    keys = rotate(key[:num_tokens][valid], offsets, cos_sin, rotary_dim, is_neox)
-    key_cache[blocks, offsets] = keys.to(key_cache.dtype)
+    key_cache[blocks, offsets] = key[:num_tokens][valid].to(key_cache.dtype)
     value_cache[blocks, offsets] = value[:num_tokens][valid].to(value_cache.dtype)
 
 
@@ -89,6 +90,7 @@ def paged_rope_attention_reference(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     block_kind: torch.Tensor,
+    block_origin: torch.Tensor,
     cos_sin: torch.Tensor,
     rotary_dim: int,
     is_neox: bool,
@@ -97,7 +99,8 @@ def paged_rope_attention_reference(
     *,
     window_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of each request's query rows over its paged, block-relative keys.
+    """Attention of each request's query rows over its paged keys, each block moved from
+    its origin to where this request places it.
 
     ``window_starts`` (from `window_starts_per_block`) may be passed when the
     caller already derived them for this step. Returns ``output`` (allocated like
@@ -114,6 +117,7 @@ def paged_rope_attention_reference(
         if window_starts is not None
         else window_starts_per_block(block_table, block_kind, block_size)
     )
+    shifts = key_shifts(block_table, block_origin, block_size)
     starts = query_start_loc.tolist()
     for r, seq_len in enumerate(seq_lens.tolist()):
         q_begin, q_end = starts[r], starts[r + 1]
@@ -124,7 +128,7 @@ def paged_rope_attention_reference(
         keys = key_cache[blocks].reshape(-1, num_kv_heads, key_cache.shape[-1])[:seq_len]
         values = value_cache[blocks].reshape(-1, num_kv_heads, value_cache.shape[-1])[:seq_len]
         key_positions = torch.arange(seq_len, device=query.device)
-        keys = rotate(keys, key_positions - key_positions % block_size, cos_sin, rotary_dim, is_neox)
+        keys = rotate(keys, shifts[r, key_positions // block_size], cos_sin, rotary_dim, is_neox)
         q_positions = torch.arange(seq_len - (q_end - q_begin), seq_len, device=query.device)
         window = windows[r, q_positions // block_size]
         allowed = (key_positions[None, :] <= q_positions[:, None]) & (
@@ -146,26 +150,23 @@ def paged_causal_attention_reference(
     value_pages: torch.Tensor,
     page_table: torch.Tensor,
     query_start_loc: torch.Tensor,
+    query_used: torch.Tensor,
     seq_used: torch.Tensor,
     max_query_len: int,
     max_seq_len: int,
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """What a stock paged causal kernel computes over *rotated* keys (FlashAttention's
-    paged varlen call): `minipic_kernels.attention.PagedAttention`, for tests.
-
-    Requests with ``seq_used == 0`` are written with zeros, as FlashAttention does.
+    """What a stock paged causal kernel computes over keys at their positions
+    (FlashAttention-3's paged varlen call with ``seqused_q``): `attention.PagedAttention`,
+    for tests. Rows of requests with ``query_used == 0`` are left untouched.
     """
     block_size, num_kv_heads = key_pages.shape[1], key_pages.shape[2]
     group = query.shape[1] // num_kv_heads
     starts = query_start_loc.tolist()
-    for r, seq_len in enumerate(seq_used.tolist()):
-        q_begin, q_end = starts[r], starts[r + 1]
+    for r, (used, seq_len) in enumerate(zip(query_used.tolist(), seq_used.tolist())):
+        q_begin, q_end = starts[r], starts[r] + used
         if q_end == q_begin:
-            continue
-        if seq_len == 0:
-            out[q_begin:q_end] = 0
             continue
         pages = page_table[r, : -(-seq_len // block_size)].long()
         keys = key_pages[pages].reshape(-1, num_kv_heads, key_pages.shape[-1])[:seq_len].float()

@@ -1,12 +1,11 @@
-"""Rotate a step's keys once into scratch pages, for kernels that take rotated keys.
+"""Copy misplaced requests' keys into scratch pages, each block moved to where it is read.
 
-FlashAttention (and the tile kernel with rotation compiled out) read keys that are already
-rotated. This pre-pass copies the selected requests' keys, each rotated by the first
-position of its block in its request (the cache holds them rotated by their slot in the
-block, `kv_write`), and their values into contiguous pages laid out like vLLM's paged cache,
+FlashAttention reads keys as they are. A request whose blocks all sit at their origin
+(`block_origins`) hands it the cache itself; a request reading a cached span elsewhere
+gets this pre-pass first: its blocks' keys, each rotated by its block's shift, and its
+values, into contiguous pages laid out like vLLM's paged cache,
 ``(pages, block_size, num_kv_heads, head_size)``: request ``r`` owns pages
-``page_start[r] ..`` in logical order. Reading a page costs one pass over the keys,
-instead of one rotation per query tile that visits them.
+``page_start[r] ..`` in logical order (one page table for K and V, as FlashAttention takes).
 """
 
 from __future__ import annotations
@@ -15,54 +14,55 @@ import torch
 import triton
 import triton.language as tl
 
-from minipic_kernels.triton_attention import _load_pair, _load_rows, _pow2, _rotate, _store_pair, _table_rows
+from minipic_kernels.triton_attention import _load_rows, _moved_keys, _pow2, _rotary_lanes
 
 __all__ = ["page_table", "rotate_into_pages"]
 
 
-@triton.jit(do_not_specialize=["num_kv_heads", "stride_btr"])
+@triton.jit(do_not_specialize=["stride_btr"])
 def _rotate_into_pages_kernel(
-    k_out_ptr, v_out_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, page_start_ptr, cos_sin_ptr,
-    num_kv_heads,
+    k_out_ptr, v_out_ptr, k_ptr, v_ptr, block_table_ptr, block_origin_ptr, seq_lens_ptr, page_start_ptr,
+    cos_sin_ptr,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_cs,
-    HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, ROT_HALF_P: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
     IS_NEOX: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
 ):
-    """Program (request, logical block): that block's keys rotated by its first position, and
+    """Program (request, logical block, kv head): that block's keys rotated by its shift, and
     its values, into one page."""
     req = tl.program_id(0)
     blk = tl.program_id(1)
+    head = tl.program_id(2)
     first_page = tl.load(page_start_ptr + req)
     seq_len = tl.load(seq_lens_ptr + req)
     if (first_page < 0) | (blk * KV_BLOCK_SIZE >= seq_len):
         return
-    phys = tl.load(block_table_ptr + req * stride_btr + blk * stride_btb).to(tl.int64)
+    bt_row_ptr = block_table_ptr + req * stride_btr
+    phys = tl.load(bt_row_ptr + blk * stride_btb).to(tl.int64)
     page = (first_page + blk).to(tl.int64)
     offs_s = tl.arange(0, KV_BLOCK_SIZE)
-    pos = blk * KV_BLOCK_SIZE + offs_s
-    pos_ok = pos < seq_len
+    pos_ok = blk * KV_BLOCK_SIZE + offs_s < seq_len
     offs_d = tl.arange(0, HEAD_P)
     d_ok = offs_d < HEAD
-    cos, sin = _table_rows(cos_sin_ptr, pos - offs_s, pos_ok, stride_cs, ROT_HALF, ROT_HALF_P)
-    for h in range(num_kv_heads):
-        k_rows = k_ptr + phys * stride_kb + offs_s * stride_ks + h * stride_kh
-        v_rows = v_ptr + phys * stride_vb + offs_s * stride_vs + h * stride_vh
-        out_rows = (page * KV_BLOCK_SIZE + offs_s) * (num_kv_heads * HEAD) + h * HEAD
-        k = _load_rows(k_rows, offs_d, stride_kd, pos_ok, d_ok)
-        k1, k2 = _load_pair(k_rows, stride_kd, pos_ok, KV_BLOCK_SIZE, ROT_HALF, ROT_HALF_P, IS_NEOX)
-        r1, r2 = _rotate(k1, k2, cos, sin)
-        _store_pair(k_out_ptr + out_rows, r1, r2, 1, pos_ok, ROT_HALF, ROT_HALF_P, IS_NEOX)
-        pass_ok = pos_ok[:, None] & (d_ok & (offs_d >= 2 * ROT_HALF))[None, :]
-        tl.store(k_out_ptr + out_rows[:, None] + offs_d[None, :], k, mask=pass_ok)
-        v = _load_rows(v_rows, offs_d, stride_vd, pos_ok, d_ok)
-        tl.store(v_out_ptr + out_rows[:, None] + offs_d[None, :], v, mask=pos_ok[:, None] & d_ok[None, :])
+    k_rows = k_ptr + phys * stride_kb + offs_s * stride_ks + head * stride_kh
+    v_rows = v_ptr + phys * stride_vb + offs_s * stride_vs + head * stride_vh
+    out = ((page * KV_BLOCK_SIZE + offs_s) * (NUM_KV_HEADS * HEAD) + head * HEAD)[:, None] + offs_d[None, :]
+    ok = pos_ok[:, None] & d_ok[None, :]
+    k = _load_rows(k_rows, offs_d, stride_kd, pos_ok, d_ok)
+    if ROT_HALF > 0:
+        column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
+        k = _moved_keys(k, k_rows, stride_kd, pos_ok, blk * KV_BLOCK_SIZE, seq_len, bt_row_ptr, stride_btb,
+                        block_origin_ptr, cos_sin_ptr, stride_cs, column, partner, sign, rotates, HEAD_P,
+                        ROT_HALF, KV_BLOCK_SIZE, KV_BLOCK_SIZE, 1, KV_BLOCK_SIZE)  # fmt: skip
+    tl.store(k_out_ptr + out, k, mask=ok)
+    tl.store(v_out_ptr + out, _load_rows(v_rows, offs_d, stride_vd, pos_ok, d_ok), mask=ok)
 
 
 def rotate_into_pages(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     block_table: torch.Tensor,
+    block_origin: torch.Tensor,
     seq_lens: torch.Tensor,
     page_start: torch.Tensor,
     cos_sin: torch.Tensor,
@@ -72,7 +72,7 @@ def rotate_into_pages(
     num_pages: int,
     max_pages: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated keys and copied values of every request with ``page_start[r] >= 0``.
+    """Moved keys and copied values of every request with ``page_start[r] >= 0``.
 
     ``num_pages`` (total) and ``max_pages`` (most pages of one request) are host ints
     the caller knows from its plan: no host sync. Positions past a request's length
@@ -85,13 +85,11 @@ def rotate_into_pages(
     num_reqs = seq_lens.shape[0]
     if num_pages == 0 or num_reqs == 0 or max_pages == 0:
         return k_out, v_out
-    rot_half = rotary_dim // 2
-    _rotate_into_pages_kernel[(num_reqs, max_pages)](
-        k_out, v_out, key_cache, value_cache, block_table, seq_lens, page_start, cos_sin,
-        num_kv_heads, *key_cache.stride(), *value_cache.stride(), *block_table.stride(),
-        cos_sin.stride(0),
-        HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
-        IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, num_warps=4,
+    _rotate_into_pages_kernel[(num_reqs, max_pages, num_kv_heads)](
+        k_out, v_out, key_cache, value_cache, block_table, block_origin, seq_lens, page_start, cos_sin,
+        *key_cache.stride(), *value_cache.stride(), *block_table.stride(), cos_sin.stride(0),
+        NUM_KV_HEADS=num_kv_heads, HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rotary_dim // 2,
+        IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, num_warps=2,
     )  # fmt: skip
     return k_out, v_out
 

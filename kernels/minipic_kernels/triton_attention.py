@@ -1,33 +1,28 @@
-"""Triton paged attention over block-relative (or pre-rotated) keys with span windows.
+"""Triton paged attention over position-stamped keys with span windows.
 
-The cache holds each key rotated by its slot in its KV block (`kv_write`); attention adds
-the rotation of the block's first position ``b``, from ``cos_sin`` (a pure rotation).
+The cache holds keys as the model rotated them where they were computed; each physical
+block records that place (`block_origins`). A request whose blocks all sit at their origin
+streams K/V as they are (one dot over the whole head, as a stock kernel); a request
+reading a cached span elsewhere runs a second loop that rotates each key tile in
+registers by its blocks' shifts, from ``cos_sin`` (a pure rotation, one table row per block).
 
 One kernel body, two launch shapes (the `launch` function picks one):
 
 * **decode**: one program per (request, kv head, key split) for requests with at most
   `decode_query_limit` query tokens; the key range is split across programs whose partial
-  softmax states `_merge_splits_kernel` combines (flash-decoding). Keys are never rotated
-  here: a key tile spans ``NROT`` KV blocks, and each (token, head) gets ``NROT`` query
-  rows, row ``r`` rotated back by the start of the tile's ``r``-th block and attending only
-  that block's keys, ``R(p_q) q . R(b) k' = R(b)^T R(p_q) q . k'``. ``R(b)^T`` is applied in
-  two parts: by the row's offset ``r * KV_BLOCK_SIZE`` once per program
-  (`_rotate_back_by_offset`), and by the tile's base: the first tile's from the table, then
-  one fixed unit rotation by ``BLOCK_N`` per tile on rows kept in fp32, so the loop loads
-  no table rows. The rows of one (token, head) are merged at the end like key splits
-  (`_merge_rotations`). K/V go from the cache straight into the dot.
-* **tiles**: programs over query tiles of the remaining requests (optionally only those a
-  per-request flag selects); the tile -> request map is a binary search over
-  ``query_start_loc`` inside the kernel, so the grid is an upper bound from host ints. Keys
-  are rotated in registers by their block's start (a query tile is too large to rotate
-  per block; prefill normally reads keys rotated once by `rotary_pages` instead).
+  softmax states `_merge_splits_kernel` combines (flash-decoding). K/V go from the cache
+  straight into the dot.
+* **tiles**: programs over query tiles of the requests a per-request flag selects; the
+  tile -> request map is a binary search over ``query_start_loc`` inside the kernel, so
+  the grid is an upper bound from host ints.
 
 Query rows are *packed by GQA group* (tokens x heads per tile), so each key/value tile is
 loaded once per kv head. The key range of a tile runs from the lowest window start of its
 rows to its last query position: tiles wholly outside every row's window are never
 visited, which keeps Block-Attention prefill linear in the number of spans.
 
-``ROT_HALF == 0`` means keys are already rotated (scratch pages from `rotary_pages`).
+``ROT_HALF == 0`` means keys are already where the request reads them (scratch pages from
+`rotary_pages`).
 """
 
 from __future__ import annotations
@@ -77,177 +72,91 @@ def _load_rows(row_ptr, col_offs, stride_d, row_mask, col_mask):
 
 
 @triton.jit
-def _load_pair(row_ptr, stride_d, row_mask, ROWS: tl.constexpr, ROT_HALF: tl.constexpr,
-               ROT_HALF_P: tl.constexpr, IS_NEOX: tl.constexpr):
-    """The two rotary lane sets of each row, each ``(ROWS, ROT_HALF_P)``:
-    neox ``x[:half]``, ``x[half:rot]``; gptj ``x[0:rot:2]``, ``x[1:rot:2]``."""
+def _rotary_lanes(HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """Per head lane: its column in the RoPE table, the other lane of its rotary pair, the
+    sign that lane enters with, and whether the lane rotates at all
+    (neox pairs ``(i, i + half)``, gptj ``(2i, 2i + 1)``)."""
+    d = tl.arange(0, HEAD_P)
     if IS_NEOX:
-        offs = tl.arange(0, ROT_HALF_P)
-        ok = offs < ROT_HALF
-        x1 = _load_rows(row_ptr, offs, stride_d, row_mask, ok)
-        x2 = _load_rows(row_ptr, ROT_HALF + offs, stride_d, row_mask, ok)
+        low = d < ROT_HALF
+        column = tl.where(low, d, d - ROT_HALF)
+        partner = tl.where(low, d + ROT_HALF, d - ROT_HALF)
+        sign = tl.where(low, -1.0, 1.0)
     else:
-        offs = tl.arange(0, 2 * ROT_HALF_P)
-        x = _load_rows(row_ptr, offs, stride_d, row_mask, offs < 2 * ROT_HALF)
-        x1, x2 = tl.split(tl.reshape(x, (ROWS, ROT_HALF_P, 2)))
-    return x1, x2
+        column = d // 2
+        partner = d ^ 1
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+    rotates = d < 2 * ROT_HALF
+    return tl.where(rotates, column, 0), tl.where(rotates, partner, d), tl.where(rotates, sign, 0.0), rotates
 
 
 @triton.jit
-def _store_pair(row_ptr, x1, x2, stride_d, row_mask, ROT_HALF: tl.constexpr, ROT_HALF_P: tl.constexpr,
-                IS_NEOX: tl.constexpr):
-    """Store the two rotary lane sets of each row where `_load_pair` reads them (in the row's dtype)."""
-    offs = tl.arange(0, ROT_HALF_P)
-    if IS_NEOX:
-        lanes1 = offs
-        lanes2 = ROT_HALF + offs
-    else:
-        lanes1 = 2 * offs
-        lanes2 = 2 * offs + 1
-    ok = row_mask[:, None] & (offs < ROT_HALF)[None, :]
-    ty = row_ptr.dtype.element_ty
-    tl.store(row_ptr[:, None] + lanes1[None, :] * stride_d, x1.to(ty), mask=ok)
-    tl.store(row_ptr[:, None] + lanes2[None, :] * stride_d, x2.to(ty), mask=ok)
+def _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr,
+                stride_cs, column, partner, sign, rotates, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
+                KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                TILE_ROWS: tl.constexpr):
+    """A key tile's rows rotated by their block's shift (0 for blocks at their origin): one
+    table row per block of the tile (``TILE_BLOCKS`` x ``TILE_ROWS`` = ``BLOCK_N``),
+    broadcast to its rows; fp32 math, ``k``'s dtype out."""
+    first = n0 + tl.arange(0, TILE_BLOCKS) * TILE_ROWS
+    ok = first < seq_len
+    logical = first // KV_BLOCK_SIZE
+    phys = tl.load(bt_row_ptr + logical * stride_btb, mask=ok, other=0)
+    shift = tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
+    table = cos_sin_ptr + tl.abs(shift)[:, None] * stride_cs + column[None, :]
+    cos = tl.load(table, mask=rotates[None, :], other=1.0)
+    sin = tl.load(table + ROT_HALF, mask=rotates[None, :], other=0.0)
+    sin = sin * (tl.where(shift < 0, -1.0, 1.0)[:, None] * sign[None, :])
+    cos = tl.reshape(tl.broadcast_to(cos[:, None, :], [TILE_BLOCKS, TILE_ROWS, HEAD_P]), [BLOCK_N, HEAD_P])
+    sin = tl.reshape(tl.broadcast_to(sin[:, None, :], [TILE_BLOCKS, TILE_ROWS, HEAD_P]), [BLOCK_N, HEAD_P])
+    other = tl.load(k_rows[:, None] + partner[None, :] * stride_kd, mask=key_ok[:, None] & rotates[None, :], other=0.0)
+    return (k.to(tl.float32) * cos + other.to(tl.float32) * sin).to(k.dtype)
 
 
 @triton.jit
-def _table_rows(cos_sin_ptr, positions, row_mask, stride_cs, ROT_HALF: tl.constexpr,
-                ROT_HALF_P: tl.constexpr):
-    """fp32 (cos, sin) rows of the RoPE table at `positions`, each ``(len, ROT_HALF_P)``."""
-    offs = tl.arange(0, ROT_HALF_P)
-    ok = offs < ROT_HALF
-    rows = cos_sin_ptr + positions * stride_cs
-    cos = _load_rows(rows, offs, 1, row_mask, ok).to(tl.float32)
-    sin = _load_rows(rows, ROT_HALF + offs, 1, row_mask, ok).to(tl.float32)
-    return cos, sin
-
-
-@triton.jit
-def _table_row(cos_sin_ptr, position, stride_cs, ROT_HALF: tl.constexpr, ROT_HALF_P: tl.constexpr):
-    """fp32 (cos, sin) of one table row, each ``(ROT_HALF_P,)``; padding lanes rotate by 0."""
-    offs = tl.arange(0, ROT_HALF_P)
-    row = cos_sin_ptr + position * stride_cs + offs
-    cos = tl.load(row, mask=offs < ROT_HALF, other=1.0).to(tl.float32)
-    sin = tl.load(row + ROT_HALF, mask=offs < ROT_HALF, other=0.0).to(tl.float32)
-    return cos, sin
-
-
-@triton.jit
-def _rotate(x1, x2, cos, sin):
-    """RoPE of the lane pair by the angle whose cos/sin are given (fp32 math, input dtype out)."""
-    a = x1.to(tl.float32)
-    b = x2.to(tl.float32)
-    return (a * cos - b * sin).to(x1.dtype), (b * cos + a * sin).to(x1.dtype)
-
-
-@triton.jit
-def _unit(cos, sin):
-    """The table's (cos, sin) scaled to a pure rotation (a YaRN-style table carries a magnitude)."""
-    inv_norm = tl.math.rsqrt(cos * cos + sin * sin)
-    return cos * inv_norm, sin * inv_norm
-
-
-@triton.jit
-def _attend_keys(acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, key_hi, seq_len, qk_scale,
-                 bt_row_ptr, stride_btb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
-                 stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
-                 HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
-                 ROT_HALF_P: tl.constexpr, PASS: tl.constexpr, PASS_P: tl.constexpr,
-                 IS_NEOX: tl.constexpr, ROTATE_QUERY: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``.
-
-    ``ROTATE_QUERY``: row ``m`` sees only the keys of the tile's ``row_rot[m]``-th KV block
-    (the decode layout of the module docstring; ``BLOCK_N`` is a multiple of ``KV_BLOCK_SIZE``
-    and ``key_lo`` of ``BLOCK_N``); otherwise keys are rotated by their block's start.
-    """
+def _attend_keys(acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
+                 bt_row_ptr, stride_btb, block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks,
+                 stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
+                 HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr,
+                 MOVE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 TILE_BLOCKS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``; with
+    ``MOVE`` (a request reading some block away from its origin) each key tile is first
+    rotated by its blocks' shifts."""
     offs_j = tl.arange(0, BLOCK_N)
-    offs_v = tl.arange(0, HEAD_P)
-    if ROTATE_QUERY:
-        # R(base)^T of the first tile (its table row as is: a magnitude applies once), then
-        # R(BLOCK_N)^T per tile. fp32 rows drift by about 1e-7 per tile, far below bf16's
-        # resolution, and the loop waits on no table load (docs/benchmarks.md, section 2).
-        cos, sin = _table_row(cos_sin_ptr, key_lo, stride_cs, ROT_HALF, ROT_HALF_P)
-        f1, f2 = _rotate(q1.to(tl.float32), q2.to(tl.float32), cos[None, :], -sin[None, :])
-        # (Row BLOCK_N exists whenever a second tile does: the table covers every position.)
-        step_cos, step_sin = _table_row(cos_sin_ptr, tl.minimum(BLOCK_N, seq_len - 1), stride_cs, ROT_HALF,
-                                        ROT_HALF_P)
-        step_cos, step_sin = _unit(step_cos, step_sin)
+    offs_d = tl.arange(0, HEAD_P)
+    d_ok = offs_d < HEAD
+    column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
     for n0 in range(key_lo, key_hi, BLOCK_N):
         offs_n = n0 + offs_j
         key_ok = offs_n < seq_len
         phys = tl.load(bt_row_ptr + (offs_n // KV_BLOCK_SIZE) * stride_btb, mask=key_ok, other=0)
-        slot = offs_n % KV_BLOCK_SIZE
-        k_rows = k_head_ptr + phys.to(tl.int64) * stride_kb + slot * stride_ks
-        v_rows = v_head_ptr + phys.to(tl.int64) * stride_vb + slot * stride_vs
-        if PASS > 0:
-            offs_pass = 2 * ROT_HALF + tl.arange(0, PASS_P)
-            k3 = _load_rows(k_rows, offs_pass, stride_kd, key_ok, offs_pass < HEAD)
-            qk = tl.dot(q3, tl.trans(k3), input_precision=DOT_PRECISION)
-        else:
-            qk = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if ROT_HALF > 0:
-            k1, k2 = _load_pair(k_rows, stride_kd, key_ok, BLOCK_N, ROT_HALF, ROT_HALF_P, IS_NEOX)
-            if ROTATE_QUERY:
-                r1 = f1.to(q1.dtype)
-                r2 = f2.to(q1.dtype)
-                f1, f2 = _rotate(f1, f2, step_cos[None, :], -step_sin[None, :])
-            else:
-                block_start = (offs_n // KV_BLOCK_SIZE) * KV_BLOCK_SIZE
-                cos, sin = _table_rows(cos_sin_ptr, block_start, key_ok, stride_cs, ROT_HALF, ROT_HALF_P)
-                k1, k2 = _rotate(k1, k2, cos, sin)
-                r1 = q1
-                r2 = q2
-            qk = tl.dot(r1, tl.trans(k1), qk, input_precision=DOT_PRECISION)
-            qk = tl.dot(r2, tl.trans(k2), qk, input_precision=DOT_PRECISION)
+        k_rows = k_head_ptr + phys.to(tl.int64) * stride_kb + (offs_n % KV_BLOCK_SIZE) * stride_ks
+        v_rows = v_head_ptr + phys.to(tl.int64) * stride_vb + (offs_n % KV_BLOCK_SIZE) * stride_vs
+        k = _load_rows(k_rows, offs_d, stride_kd, key_ok, d_ok)
+        if MOVE:
+            k = _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr,
+                            cos_sin_ptr, stride_cs, column, partner, sign, rotates, HEAD_P, ROT_HALF,
+                            KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS)  # fmt: skip
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         allowed = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None])
-        if ROTATE_QUERY:
-            allowed = allowed & ((offs_j // KV_BLOCK_SIZE)[None, :] == row_rot[:, None])
         qk = tl.where(allowed, qk, float("-inf"))
         # Base-2 online softmax; the scale is folded into one multiply per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(v_rows, offs_v, stride_vd, key_ok, offs_v < HEAD)
+        v = _load_rows(v_rows, offs_d, stride_vd, key_ok, d_ok)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
 
 
 @triton.jit
-def _rotate_back_by_offset(q1, q2, row_rot, seq_len, cos_sin_ptr, stride_cs, ROT_HALF: tl.constexpr,
-                           ROT_HALF_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr):
-    """``R(row_rot * KV_BLOCK_SIZE)^T`` of each query row, as a pure rotation (unit-length
-    table rows): with the tile's table row applied as is, a table carrying a magnitude
-    contributes it exactly once, as when keys are rotated. Rows past the sequence see no
-    keys and are left as they are."""
-    offs_h = tl.arange(0, ROT_HALF_P)
-    offset = row_rot * KV_BLOCK_SIZE
-    ok = (offset < seq_len)[:, None] & (offs_h < ROT_HALF)[None, :]
-    rows = cos_sin_ptr + offset[:, None] * stride_cs + offs_h[None, :]
-    cos = tl.load(rows, mask=ok, other=1.0).to(tl.float32)
-    sin = tl.load(rows + ROT_HALF, mask=ok, other=0.0).to(tl.float32)
-    cos, sin = _unit(cos, sin)
-    return _rotate(q1, q2, cos, -sin)
-
-
-@triton.jit
-def _merge_rotations(acc, m_i, l_i, BLOCK_M: tl.constexpr, HEAD_P: tl.constexpr, NROT: tl.constexpr):
-    """Combine each (token, head)'s ``NROT`` consecutive rows (disjoint key sets) into one."""
-    m3 = tl.reshape(m_i, (BLOCK_M // NROT, NROT))
-    m = tl.max(m3, 1)
-    w = tl.math.exp2(m3 - m[:, None])
-    l3 = tl.reshape(l_i, (BLOCK_M // NROT, NROT))
-    acc3 = tl.reshape(acc, (BLOCK_M // NROT, NROT, HEAD_P))
-    return tl.sum(acc3 * w[:, :, None], 1), m, tl.sum(l3 * w, 1)
-
-
-@triton.jit
 def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, stride_oh, stride_od,
                 HEAD: tl.constexpr, HEAD_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
                 BLOCK_Q: tl.constexpr, ROWS: tl.constexpr):
-    """Normalise and store ``ROWS`` merged rows (row ``t``: token ``t // GROUP_P``, head ``t % GROUP_P``)."""
+    """Normalise and store ``ROWS`` rows (row ``t``: token ``t // GROUP_P``, head ``t % GROUP_P``)."""
     offs_t = tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_P)
     row_tok = tile * BLOCK_Q + offs_t // GROUP_P
@@ -261,26 +170,23 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr"])
 def _attention_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
-    window_starts_ptr, req_flags_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr,
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_origin_ptr, req_moved_ptr, query_start_loc_ptr,
+    seq_lens_ptr, window_starts_ptr, req_flags_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr,
     qk_scale, num_reqs, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
     HEAD: tl.constexpr,  # head size
     HEAD_P: tl.constexpr,  # head size rounded up to a power of two
-    ROT_HALF: tl.constexpr,  # rotary_dim // 2; 0 when keys are already rotated
-    ROT_HALF_P: tl.constexpr,
-    PASS: tl.constexpr,  # lanes outside the rotary part (head - rotary_dim)
-    PASS_P: tl.constexpr,  # PASS rounded up to a power of two (>= 16)
+    ROT_HALF: tl.constexpr,  # rotary_dim // 2; 0 when keys are already where they are read
     IS_NEOX: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
     GROUP_P: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # query rows per tile: BLOCK_Q tokens x GROUP_P heads x NROT (+ padding)
+    BLOCK_M: tl.constexpr,  # query rows per tile: BLOCK_Q tokens x GROUP_P heads (+ padding)
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys per tile
-    NROT: tl.constexpr,  # decode: rows per (token, head), one per KV block of a key tile; else 1
+    TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
     DECODE: tl.constexpr,  # decode launch: program x = request with q_len <= BLOCK_Q
     SKIP_QLEN_LE: tl.constexpr,  # tile launch: requests with q_len <= this belong to decode
     USE_FLAGS: tl.constexpr,  # tile launch: only requests whose flag is set
@@ -307,14 +213,13 @@ def _attention_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
 
-    # Row m: rotation m % NROT of token tile * BLOCK_Q + t // GROUP_P, head t % GROUP_P (t = m // NROT).
+    # Row m: token tile * BLOCK_Q + m // GROUP_P, head m % GROUP_P.
     offs_m = tl.arange(0, BLOCK_M)
-    row_rot = offs_m % NROT
-    row_tok = tile * BLOCK_Q + (offs_m // NROT) // GROUP_P
-    row_head = (offs_m // NROT) % GROUP_P
+    offs_d = tl.arange(0, HEAD_P)
+    row_tok = tile * BLOCK_Q + offs_m // GROUP_P
+    row_head = offs_m % GROUP_P
     row_ok = (row_tok < q_len) & (row_head < GROUP)
     q_pos = ctx_len + row_tok
-    q_head = kv_head * GROUP + row_head
     win_start = tl.load(window_starts_ptr + req * stride_wsr + (q_pos // KV_BLOCK_SIZE) * stride_wsb,
                         mask=row_ok, other=0)
 
@@ -327,44 +232,39 @@ def _attention_kernel(
         key_hi = tl.minimum(key_hi, split_lo + per_split)
         key_lo = tl.minimum(split_lo, key_hi)
 
-    q_rows = q_ptr + (q_begin + row_tok).to(tl.int64) * stride_qt + q_head * stride_qh
-    if PASS > 0:
-        offs_pass = 2 * ROT_HALF + tl.arange(0, PASS_P)
-        q3 = _load_rows(q_rows, offs_pass, stride_qd, row_ok, offs_pass < HEAD)
-    if ROT_HALF > 0:
-        q1, q2 = _load_pair(q_rows, stride_qd, row_ok, BLOCK_M, ROT_HALF, ROT_HALF_P, IS_NEOX)
-        if PASS == 0:
-            q3 = q1  # unused
-        if DECODE:
-            q1, q2 = _rotate_back_by_offset(q1, q2, row_rot, seq_len, cos_sin_ptr, stride_cs, ROT_HALF,
-                                            ROT_HALF_P, KV_BLOCK_SIZE)  # fmt: skip
-    else:
-        q1 = q3  # unused
-        q2 = q3
-
+    q_rows = q_ptr + (q_begin + row_tok).to(tl.int64) * stride_qt + (kv_head * GROUP + row_head) * stride_qh
+    q = _load_rows(q_rows, offs_d, stride_qd, row_ok, offs_d < HEAD)
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q1, q2, q3, q_pos, win_start, row_rot, key_lo, key_hi, seq_len, qk_scale,
-        block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb,
-        k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh,
-        stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
-        HEAD, HEAD_P, ROT_HALF, ROT_HALF_P, PASS, PASS_P, IS_NEOX, DECODE & (ROT_HALF > 0), KV_BLOCK_SIZE,
-        BLOCK_M, BLOCK_N, DOT_PRECISION,
-    )  # fmt: skip
+    bt_row_ptr = block_table_ptr + req.to(tl.int64) * stride_btr
+    k_head_ptr = k_ptr + kv_head * stride_kh
+    v_head_ptr = v_ptr + kv_head * stride_vh
+    # Two loops, each pipelined alone: a request reading blocks away from their origin
+    # rotates its key tiles; every other request streams K/V as they are.
+    if (ROT_HALF > 0) & (tl.load(req_moved_ptr + req) != 0):
+        acc, m_i, l_i = _attend_keys(
+            acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, bt_row_ptr, stride_btb,
+            block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+            stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, True, KV_BLOCK_SIZE, BLOCK_N,
+            TILE_BLOCKS, DOT_PRECISION,
+        )  # fmt: skip
+    else:
+        acc, m_i, l_i = _attend_keys(
+            acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, bt_row_ptr, stride_btb,
+            block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+            stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, False, KV_BLOCK_SIZE, BLOCK_N,
+            TILE_BLOCKS, DOT_PRECISION,
+        )  # fmt: skip
 
     if USE_SPLITS:
-        offs_d = tl.arange(0, HEAD_P)
         slot = ((pid * tl.num_programs(1) + kv_head) * num_splits + split).to(tl.int64)
         tl.store(part_acc_ptr + slot * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :], acc)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + offs_m, m_i)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + BLOCK_M + offs_m, l_i)
     else:
-        if NROT > 1:
-            acc, m_i, l_i = _merge_rotations(acc, m_i, l_i, BLOCK_M, HEAD_P, NROT)
         _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, stride_oh, stride_od,
-                    HEAD, HEAD_P, GROUP, GROUP_P, BLOCK_Q, BLOCK_M // NROT)  # fmt: skip
+                    HEAD, HEAD_P, GROUP, GROUP_P, BLOCK_Q, BLOCK_M)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits"])
@@ -372,7 +272,7 @@ def _merge_splits_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, query_start_loc_ptr, num_reqs, num_splits,
     stride_ot, stride_oh, stride_od,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NROT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """Merge the ``num_splits`` partial softmax states of one (request, kv head) of a decode launch."""
     req = tl.program_id(0)
@@ -398,10 +298,8 @@ def _merge_splits_kernel(
         acc = acc * a[:, None] + acc_s * b[:, None]
         l_run = l_run * a + l_s * b
         m_run = m_new
-    if NROT > 1:
-        acc, m_run, l_run = _merge_rotations(acc, m_run, l_run, BLOCK_M, HEAD_P, NROT)
     _store_rows(out_ptr, acc, l_run, q_begin, q_len, 0, kv_head, stride_ot, stride_oh, stride_od,
-                HEAD, HEAD_P, GROUP, GROUP_P, BLOCK_Q, BLOCK_M // NROT)  # fmt: skip
+                HEAD, HEAD_P, GROUP, GROUP_P, BLOCK_Q, BLOCK_M)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------
@@ -452,7 +350,7 @@ def _pow2(x: int, minimum: int = 1) -> int:
 
 
 def decode_query_limit(group: int) -> int:
-    """Query tokens per request that the decode launch takes (16 packed rows per rotation)."""
+    """Query tokens per request that the decode launch takes (16 packed query rows)."""
     group_p = _pow2(group)
     return max(16, group_p) // group_p
 
@@ -504,11 +402,13 @@ class TileLaunch:
     key_cache: torch.Tensor
     value_cache: torch.Tensor
     block_table: torch.Tensor
+    block_origin: torch.Tensor
+    moved: torch.Tensor  # per request: reads a block away from its origin (`block_origins.misplaced_requests`)
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     window_starts: torch.Tensor
     cos_sin: torch.Tensor
-    rotary_dim: int  # 0: keys already rotated
+    rotary_dim: int  # 0: keys already where this launch reads them
     is_neox: bool
     scale: float
     max_seq_len: int  # upper bound on any request's keys
@@ -534,14 +434,9 @@ def launch(
     group = num_q_heads // num_kv_heads
     group_p = _pow2(group)
     limit = decode_query_limit(group)
-    rot_half = work.rotary_dim // 2
-    block_n, nrot = cfg.block_n, 1
     if decode:
         block_q, num_tiles = decode_block_q(group, max_query_len), num_reqs
-        if rot_half:  # key tiles of whole KV blocks, one query row per block
-            block_n = max(block_n, block_size)
-            nrot = block_n // block_size
-        block_m = max(16, block_q * group_p * nrot)
+        block_m = max(16, block_q * group_p)
     else:
         block_m = max(cfg.block_m, group_p)
         block_q = block_m // group_p
@@ -551,8 +446,9 @@ def launch(
     splits = 1
     if decode:
         splits = cfg.num_splits or _split_count(
-            num_tiles * num_kv_heads, triton.cdiv(work.max_seq_len, block_n), _num_sms(query.device), cfg.num_warps
-        )
+            num_tiles * num_kv_heads, triton.cdiv(work.max_seq_len, cfg.block_n), _num_sms(query.device),
+            cfg.num_warps,
+        )  # fmt: skip
     head_p = _pow2(head_size)
     if splits > 1:
         slots = num_tiles * num_kv_heads * splits
@@ -560,17 +456,16 @@ def launch(
         part_ml = torch.empty(slots * 2 * block_m, dtype=torch.float32, device=query.device)
     else:
         part_acc = part_ml = out  # never touched
-    pass_dim = head_size - 2 * rot_half
     flags = req_flags if req_flags is not None else work.seq_lens
     _attention_kernel[(num_tiles, num_kv_heads, splits)](
-        out, query, key_cache, work.value_cache, work.block_table, work.query_start_loc, work.seq_lens,
-        work.window_starts, flags, work.cos_sin, part_acc, part_ml,
+        out, query, key_cache, work.value_cache, work.block_table, work.block_origin, work.moved,
+        work.query_start_loc, work.seq_lens, work.window_starts, flags, work.cos_sin, part_acc, part_ml,
         work.scale * _LOG2E, num_reqs, splits,
         *query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
         *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0),
-        HEAD=head_size, HEAD_P=head_p, ROT_HALF=rot_half, ROT_HALF_P=_pow2(rot_half, 16),
-        PASS=pass_dim, PASS_P=_pow2(pass_dim, 16), IS_NEOX=work.is_neox, GROUP=group, GROUP_P=group_p,
-        KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n, NROT=nrot,
+        HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
+        GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
+        TILE_BLOCKS=max(1, cfg.block_n // block_size),
         DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
         USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -579,5 +474,5 @@ def launch(
         _merge_splits_kernel[(num_tiles, num_kv_heads)](
             out, part_acc, part_ml, work.query_start_loc, num_reqs, splits, *out.stride(),
             HEAD=head_size, HEAD_P=head_p, GROUP=group, GROUP_P=group_p, BLOCK_M=block_m,
-            BLOCK_Q=block_q, NROT=nrot, num_warps=4,
+            BLOCK_Q=block_q, num_warps=4,
         )  # fmt: skip

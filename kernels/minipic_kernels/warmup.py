@@ -4,11 +4,10 @@ Triton compiles a kernel the first time it meets a new set of compile-time const
 (and integer/pointer specialisations). A step writes its keys and values (`kv_write`),
 then `paged_rope_attention` picks among a fixed set of variants per layer shape: the
 decode launch for single-token and multi-token decodes, each with and without key splits
-(plus their merge), the rotation pre-pass, the tile launch over scratch pages (with per-request flags
-when a stock kernel takes the window-free requests, without otherwise), and the tile
-launch rotating keys itself when a step's scratch would exceed its budget. `warm_up`
-runs one small batch per variant, with tensors strided exactly like vLLM's, so serving
-never waits for a compiler.
+(plus their merge), the pre-pass moving misplaced blocks into scratch pages, and the tile
+launch (windowed or misplaced requests with a stock kernel, every prefill without one).
+`warm_up` runs one small batch per variant, with tensors strided exactly like vLLM's, so
+serving never waits for a compiler.
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ def warm_up(
 ) -> None:
     """Run every variant once on small random inputs (results are discarded).
 
-    ``cos_sin`` stands in for both the model's table (writes) and the unit one (attention):
-    they share dtype and strides, all that compilation sees. ``table_width`` is the
+    ``cos_sin`` stands in for the unit rotation table attention reads. ``table_width`` is the
     block-table width the server uses (its row stride is not specialised on, so any width
     compiles the same kernels).
     """
@@ -59,15 +57,16 @@ def warm_up(
     # Enough decode requests to fill the GPU without key splits; one alone splits.
     many = -(-decode_programs_to_fill(device, shape.head_size) // shape.num_kv_heads) + 1
     batches = [
-        [(96, 96), (80, 64), (600, 1)],  # scratch + stock kernel + windowed tiles; split decode
+        # windowed tiles, stock kernel at origin and over moved keys; split decode
+        [(96, 96), (80, 64), (64, 40), (600, 1)],
         [(50, 1)] * many,  # decode without splits
         [(40, 40), (600, limit)],  # multi-token decode, split
         [(50, limit)] * many,  # multi-token decode without splits
     ]
     for reqs in batches:
-        _run(shape, cos_sin, scale, paged_attention, reqs, 1 << 30, table_width)
-    # Over the scratch budget: the tile kernel rotates keys itself.
-    _run(shape, cos_sin, scale, paged_attention, [(64, 40), (30, limit)], 0, table_width)
+        _run(shape, cos_sin, scale, paged_attention, reqs, 1 << 30, table_width, moved=2)
+    # Over the scratch budget: the tile kernel takes the misplaced request.
+    _run(shape, cos_sin, scale, paged_attention, [(64, 40), (30, limit)], 0, table_width, moved=0)
 
 
 def _run(
@@ -78,7 +77,11 @@ def _run(
     reqs: list[tuple[int, int]],
     scratch_budget_bytes: int,
     table_width: int,
+    *,
+    moved: int,
 ) -> None:
+    """One step over fresh random tensors; request ``moved`` (if any) reads its first block
+    away from where it was computed."""
     device, bs = cos_sin.device, shape.block_size
     hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_size
     blocks = [-(-seq // bs) for seq, _ in reqs]
@@ -94,6 +97,12 @@ def _run(
         first += n
     kinds = torch.zeros(num_blocks, dtype=torch.int8, device=device)
     kinds[2] = BlockKind.SSEP  # a window inside the first request
+    origin = torch.zeros(num_blocks, dtype=torch.int32)
+    for r, n in enumerate(blocks):
+        origin[table[r, :n].long().cpu()] = torch.arange(n, dtype=torch.int32)
+    if 0 <= moved < len(reqs):
+        origin[int(table[moved, 0])] = 1
+    origin = origin.to(device)
     # The step's new tokens into their slots, as the backend's cache write does.
     positions = torch.cat([torch.arange(seq - q, seq) for seq, q in reqs])
     owners = torch.cat([torch.full((q,), r) for r, (_, q) in enumerate(reqs)])
@@ -106,11 +115,11 @@ def _run(
     query = qkv[:, : hq * d].view(num_tokens, hq, d)
     key = qkv[:, hq * d : (hq + hkv) * d].view(num_tokens, hkv, d)
     value = qkv[:, (hq + hkv) * d :].view(num_tokens, hkv, d)
-    write_kv(key, value, key_cache, value_cache, slots, cos_sin, shape.rotary_dim, shape.is_neox)
+    write_kv(key, value, key_cache, value_cache, slots)
     out = torch.empty(num_tokens, hq, d, device=device, dtype=shape.dtype)
     paged_rope_attention(
         query, key_cache, value_cache, table, qsl.to(device),
-        torch.tensor([s for s, _ in reqs], dtype=torch.int32, device=device), kinds, cos_sin,
+        torch.tensor([s for s, _ in reqs], dtype=torch.int32, device=device), kinds, origin, cos_sin,
         shape.rotary_dim, shape.is_neox, scale, out, paged_attention=paged_attention,
         scratch_budget_bytes=scratch_budget_bytes,
     )  # fmt: skip

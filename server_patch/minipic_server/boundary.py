@@ -1,7 +1,7 @@
 """Every place MiniPIC reaches into vLLM, declared as data.
 
-vLLM has no extension point for what PIC changes (block hashing, keys entering
-the cache block-relative, the attention backend choice), so the plugin wraps a few
+vLLM has no extension point for what PIC changes (block hashing, per-block records
+of where keys were computed, the attention backend choice), so the plugin wraps a few
 private vLLM attributes, patches a few objects at run time, subclasses vLLM's
 attention backends and reads some private APIs. Each `Intervention` below names
 the vLLM attribute, what MiniPIC does with it, why, and the vLLM releases it was
@@ -118,13 +118,10 @@ REQUEST_BLOCK_HASHER = patch(
 BAD_WORDS = patch(
     "vllm.sampling_params:SamplingParams._bad_words_token_ids",
     "marker ids appended: markers are prompt-only, a generated one would re-window later tokens")
-ROTARY_EMB = patch(
-    "vllm.model_executor.models.llama:LlamaAttention.rotary_emb",
-    "each attention layer's rotary embedding replaced by a query-only one; the backends rotate keys")
 MODEL_FORWARD = patch(
     "vllm.model_executor.models.llama:LlamaForCausalLM.forward",
-    "the loaded model's forward wrapped to record each step's block kinds before any layer runs "
-    "(`block_recorder`); token ids are its first argument",
+    "the loaded model's forward wrapped to record each step's block kinds and origins before any layer "
+    "runs (`block_recorder`); token ids and positions are its first arguments",
     ("self", "input_ids", "positions", "intermediate_tensors", "inputs_embeds"))
 # MiniPIC's own state on vLLM objects (names vLLM must not use; classes must not be slotted).
 ENGINE_PIC = attach("vllm.v1.engine.core:EngineCore._minipic", "the engine's PicConfig, or None when PIC is off")
@@ -191,7 +188,6 @@ TABLE: tuple[Intervention, ...] = (
     # Patched at run time.
     REQUEST_BLOCK_HASHER,
     BAD_WORDS,
-    ROTARY_EMB,
     MODEL_FORWARD,
     ENGINE_PIC,
     ENGINE_HASHER,
@@ -207,17 +203,15 @@ TABLE: tuple[Intervention, ...] = (
     *(use(f"vllm.v1.request:Request.{name}", "read by the block hasher")
       for name in ("block_hashes", "all_token_ids", "num_prompt_tokens", "num_tokens", "cache_salt", "mm_features")),
     use("vllm.v1.engine:EngineCoreRequest.sampling_params", "where markers are banned"),
-    # Position-free model: the rotation the backends re-apply to keys, and the per-step record.
-    *(use(f"{_ROPE}:RotaryEmbedding.{name}", "the rotation re-applied to keys by the attention backends")
+    # Position-free model: the rotation attention re-applies to moved keys, and the per-step records.
+    *(use(f"{_ROPE}:RotaryEmbedding.{name}", "the rotation attention re-applies to keys of reused spans")
       for name in ("cos_sin_cache", "rotary_dim", "is_neox_style")),
-    use(f"{_ROPE}:RotaryEmbedding.forward_native", "called with key=None: rotate the query only",
-        ("self", "positions", "query", "key")),
     use("vllm.forward_context:ForwardContext.slot_mapping", "the slots each step writes (block-kind record)"),
     use("vllm.forward_context:ForwardContext.attn_metadata", "where the record is handed to the backends"),
     use("vllm.model_executor.layers.attention.attention:get_attention_context",
         "a layer's metadata and KV cache for the record", ("layer_name",)),
     # Attention backends: MiniPIC subclasses vLLM's; vLLM must keep calling these names so.
-    override(f"{_ATTN}:AttentionImpl.forward", "position-free attention over block-relative keys", _FORWARD),
+    override(f"{_ATTN}:AttentionImpl.forward", "attention that moves reused spans' keys to their place", _FORWARD),
     override(f"{_ATTN}:AttentionMetadataBuilder.__init__", "PicMetadataBuilder",
              ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")),
     override(f"{_ATTN}:AttentionMetadataBuilder.build", "PicMetadataBuilder",
@@ -239,7 +233,7 @@ TABLE: tuple[Intervention, ...] = (
     override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.__init__", "PicCpuAttentionImpl takes the same arguments",
              _IMPL_ARGS, versions=("0.32",)),
     override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.do_kv_cache_update",
-             "PicCpuAttentionImpl writes keys rotated by their slot in the block",
+             "PicCpuAttentionImpl writes the cache in the layout its torch attention reads",
              ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.32",)),
     *(override(f"{_TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", (), versions=("0.26",))
       for name in ("get_name", "get_impl_cls", "get_builder_cls")),
@@ -256,14 +250,19 @@ TABLE: tuple[Intervention, ...] = (
         "window-free prefill runs on vLLM's FlashAttention when it is there", (), versions=("0.26",)),
     use("vllm.v1.attention.backends.fa_utils:get_flash_attn_version", "which FlashAttention",
         keywords=("head_size",), versions=("0.26",)),
-    use("vllm.vllm_flash_attn:flash_attn_varlen_func", "window-free prefill over rotated scratch pages",
-        keywords=("q", "k", "v", "out", "cu_seqlens_q", "max_seqlen_q", "seqused_k", "max_seqlen_k",
-                  "softmax_scale", "causal", "block_table", "fa_version"), versions=("0.26",)),
+    use("vllm.vllm_flash_attn.flash_attn_interface:flash_attn_varlen_func",
+        "window-free prefill calls the FA3 op this function calls (`torch.ops._vllm_fa3_C.fwd`), in its "
+        "argument order, adding seqused_q (`backends.cuda._fa3_paged_attention`): re-check that order here",
+        ("q", "k", "v", "max_seqlen_q", "cu_seqlens_q", "max_seqlen_k", "cu_seqlens_k", "seqused_k", "q_v",
+         "dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "deterministic",
+         "return_attn_probs", "block_table", "return_softmax_lse", "out", "scheduler_metadata", "q_descale",
+         "k_descale", "v_descale", "num_splits", "output_scale", "fa_version", "s_aux", "cp_world_size", "cp_rank",
+         "cp_tot_seqused_k", "mask_mod", "aux_tensors", "dynamic_causal"), versions=("0.26",)),
     override(f"{_TRITON_ATTN}:TritonAttentionImpl.do_kv_cache_update",
-             "PicTritonAttentionImpl writes keys rotated by their slot in the block",
+             "PicTritonAttentionImpl writes the cache with its own warmed-up kernel",
              ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.26",)),
     override(f"{_TRITON_ATTN}:TritonAttentionImpl.fused_rope_kvcache_supported",
-             "PicTritonAttentionImpl says no: keys must reach its cache write unrotated", ("self",),
+             "PicTritonAttentionImpl says no: it writes the cache itself", ("self",),
              versions=("0.26",)),
 )
 

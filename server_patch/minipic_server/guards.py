@@ -70,7 +70,7 @@ def check_attention_backend(selected: Any) -> None:
     if selected is not None and selected.name not in PIC_BACKEND_NAMES:
         raise MiniPICConfigError(
             f"--attention-backend {selected.name} cannot be used with MiniPIC: "
-            "PIC needs its own attention (block-relative keys, span windows); drop the flag"
+            "PIC needs its own attention (reused spans moved into place, span windows); drop the flag"
         )
 
 

@@ -1,12 +1,12 @@
-"""Worker side of the plugin: keys reach the attention backend unrotated, and each step records block kinds.
+"""Worker side of the plugin: attention learns the model's rotation, and each step records its blocks.
 
 After vLLM loads a model with PIC active:
-- every layer's ``rotary_emb`` is wrapped so it rotates the query only, and the
-  layer's attention backend is handed the rotation (`RopeSpec`): it writes keys rotated
-  by their slot in the block and rotates them by their block's start in the current
-  request when it attends;
-- the model's forward records, before any attention runs, which physical blocks
-  this step starts with an SSep or PDep token (`minipic_server.block_recorder`).
+- every layer's attention backend is handed the layer's rotation (`RopeSpec`). The model
+  rotates queries and keys as usual and the cache keeps keys where they were computed;
+  attention re-applies the rotation only to the keys of a block read elsewhere (a reused
+  span), by the distance it moved;
+- the model's forward records, before any attention runs, the kind (SSep, PDep, plain)
+  and origin of every physical block this step starts (`minipic_server.block_recorder`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 from vllm.model_executor.layers.attention.attention import Attention
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
@@ -22,7 +21,6 @@ from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from minipic_kernels.reference import unit_rotation_table
 from minipic_server.backends.common import RopeSpec
 from minipic_server.block_recorder import record_each_step
-from minipic_server.boundary import ROTARY_EMB, patch_instance
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_rope_class
 
@@ -40,25 +38,11 @@ def wrap_load_model(original: Callable[..., nn.Module]) -> Callable[..., nn.Modu
     return load_model
 
 
-class QueryOnlyRotary(nn.Module):
-    """Stands in for a layer's rotary embedding: rotates q, leaves k for the attention backend."""
-
-    def __init__(self, rope: nn.Module) -> None:
-        super().__init__()
-        self.rope = rope
-
-    def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        query, _ = self.rope(positions, query, None)
-        return query, key
-
-
 def make_position_free(model: nn.Module, pic: PicConfig) -> None:
     specs: dict[int, RopeSpec] = {}
     for name, module in model.named_modules():
         attn, rope = getattr(module, "attn", None), getattr(module, "rotary_emb", None)
-        if not isinstance(attn, Attention) or rope is None or isinstance(rope, QueryOnlyRotary):
+        if not isinstance(attn, Attention) or rope is None:
             continue
         check_rope_class(rope, name)
         if not hasattr(attn.impl, "pic_rope"):
@@ -66,15 +50,12 @@ def make_position_free(model: nn.Module, pic: PicConfig) -> None:
                 f"layer {name} uses {type(attn.impl).__name__}, not a MiniPIC attention backend"
             )
         if id(rope) not in specs:
-            table = rope.cos_sin_cache.float().contiguous()
             specs[id(rope)] = RopeSpec(
-                cos_sin=table,
-                unit_cos_sin=unit_rotation_table(table),
+                unit_cos_sin=unit_rotation_table(rope.cos_sin_cache),
                 rotary_dim=rope.rotary_dim,
                 is_neox=rope.is_neox_style,
             )
         attn.impl.pic_rope = specs[id(rope)]
-        patch_instance(ROTARY_EMB, module, QueryOnlyRotary(rope))
     unlinked = [
         name
         for name, module in model.named_modules()

@@ -1,1 +1,1 @@
-"""Attention backends that keep keys block-relative in the cache and honour span windows."""
+"""Attention backends that move reused spans' keys into place and honour span windows."""

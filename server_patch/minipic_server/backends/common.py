@@ -15,20 +15,18 @@ from minipic_server.config import MiniPICConfigError
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """What a backend needs to rotate keys exactly as the model's rotary embedding would:
-    by their slot in the block when written (the model's table), by their block's start
-    when attended (the same angles without any magnitude the table carries)."""
+    """The model's rotation, as attention re-applies it to a misplaced block's keys: the
+    model's angles without any magnitude its table carries (the model applied that once)."""
 
-    cos_sin: torch.Tensor  # (max_positions, rotary_dim) float32, cat(cos, sin): the model's
-    unit_cos_sin: torch.Tensor  # the same rotation, each (cos, sin) pair of length 1
+    unit_cos_sin: torch.Tensor  # (max_positions, rotary_dim) float32, cat(cos, sin), pairs of length 1
     rotary_dim: int
     is_neox: bool
 
 
 @dataclass
 class PicAttentionMetadata:
-    """Per-step metadata; ``block_kind``/``window_starts``/``windowed`` are filled by the
-    step recorder; ``plan`` by builders whose kernels need one (CUDA)."""
+    """Per-step metadata; ``block_kind``/``block_origin``/``window_starts`` are filled by the
+    step recorder; ``plan`` by builders whose kernels need one (CUDA; routed by the recorder)."""
 
     num_actual_tokens: int
     max_query_len: int
@@ -40,17 +38,19 @@ class PicAttentionMetadata:
     slot_mapping: torch.Tensor
     plan: StepPlan | None = None
     block_kind: torch.Tensor | None = None
+    block_origin: torch.Tensor | None = None
     window_starts: torch.Tensor | None = None
-    windowed: torch.Tensor | None = None
+    moved: torch.Tensor | None = None  # per request: reads a block away from its origin
 
-    def recorded_windows(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step's block-kind record and window starts; an attention step without them fails."""
-        if self.block_kind is None or self.window_starts is None:
+    def recorded_blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This step's block-kind and origin records and window starts; an attention step
+        without them fails."""
+        if self.block_kind is None or self.block_origin is None or self.window_starts is None:
             raise MiniPICConfigError(
-                "MiniPIC attention ran without this step's block-kind record: the model's forward did not "
-                "go through minipic_server.block_recorder, so span windows are unknown"
+                "MiniPIC attention ran without this step's block records: the model's forward did not "
+                "go through minipic_server.block_recorder, so span windows and block origins are unknown"
             )
-        return self.block_kind, self.window_starts
+        return self.block_kind, self.block_origin, self.window_starts
 
 
 class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
@@ -139,10 +139,10 @@ class PositionFreeBackend:
 
 class PositionFreeAttention:
     """The forward pass both backends share; each computes attention in `attend` and writes
-    the cache in ``do_kv_cache_update`` (keys rotated by their slot in the block).
+    the cache in ``do_kv_cache_update`` (keys as the model rotated them).
 
     ``pic_rope`` is linked after loading (`position_free.make_position_free`);
-    `PicAttentionMetadata.block_kind`/``window_starts`` are filled each step.
+    `PicAttentionMetadata.block_kind`/``block_origin``/``window_starts`` are filled each step.
     """
 
     num_heads: int
@@ -172,16 +172,15 @@ class PositionFreeAttention:
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Write this step's keys (rotated by their slot in the block) and values into their slots."""
-        rope = self.linked_rope()
+        """Write this step's keys (as the model rotated them) and values into their slots."""
         key_cache, value_cache = split_kv_cache(kv_cache)
-        self.cache_write(key, value, key_cache, value_cache, slot_mapping, rope.cos_sin, rope.rotary_dim, rope.is_neox)
+        self.cache_write(key, value, key_cache, value_cache, slot_mapping)
 
     def linked_rope(self) -> RopeSpec:
         if self.pic_rope is None:
             raise MiniPICConfigError(
                 "MiniPIC attention ran without a linked rotary embedding: the model's layers "
-                "do not expose `rotary_emb` next to `attn`, so keys cannot be rotated"
+                "do not expose `rotary_emb` next to `attn`, so reused spans cannot be moved"
             )
         return self.pic_rope
 
@@ -206,7 +205,7 @@ class PositionFreeAttention:
             self.profile(query)
             return output.fill_(0)
         rope = self.linked_rope()
-        attn_metadata.recorded_windows()
+        attn_metadata.recorded_blocks()
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = split_kv_cache(kv_cache)
         self.attend(

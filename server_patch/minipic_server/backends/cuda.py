@@ -1,11 +1,11 @@
 """CUDA attention backend: vLLM's Triton KV-cache layout, MiniPIC's cache write and attention.
 
 The cache layout and its allocation come from vLLM's TRITON_ATTN backend. The KV write
-is `minipic_kernels.kv_write.write_kv` (keys rotated by their slot in the block, in one
-launch like vLLM's own write). Attention is `minipic_kernels.attention.paged_rope_attention`:
-decode rows by MiniPIC's Triton kernel (rotating the query per KV block, never the keys),
-window-free prefill by vLLM's FlashAttention over keys rotated once into scratch pages,
-prefill with span windows by MiniPIC's tile kernel.
+is `minipic_kernels.kv_write.write_kv` (keys as the model rotated them, one launch like
+vLLM's own write). Attention is `minipic_kernels.attention.paged_rope_attention`: decode
+rows by MiniPIC's Triton kernel, window-free prefill by vLLM's FlashAttention-3 (over the
+cache itself when every block sits where it was computed, over scratch pages for requests
+reading a cached span elsewhere), prefill with span windows by MiniPIC's tile kernel.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ FULL_CUDA_GRAPHS = os.environ.get("MINIPIC_FULL_CUDA_GRAPHS", "1") == "1"
 
 
 class PicCudaMetadataBuilder(PicMetadataBuilder):
-    """Adds the step's `StepPlan` (host-side scratch sizes) to the metadata.
+    """Adds the step's `StepPlan` (host-side lengths) to the metadata; the step recorder
+    routes it (`StepPlan.routed`) once the block records are written.
 
     Decode batches can be captured whole: the per-step block record and window
-    derivation are graph-safe tensor ops.
+    derivation are graph-safe tensor ops, and a decode-only plan needs no routing.
     """
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = (
@@ -67,8 +68,6 @@ class PicCudaMetadataBuilder(PicMetadataBuilder):
         metadata.plan = plan_step(
             [b - a for a, b in zip(starts, starts[1:])],
             upper[: m.num_reqs].tolist() if upper is not None else None,
-            m.query_start_loc,
-            m.seq_lens,
             max_seq_len=m.max_seq_len,
             block_size=self.block_size,
             group=self.group,
@@ -104,7 +103,7 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
         self._paged_attention_for: torch.dtype | None = None
 
     def fused_rope_kvcache_supported(self) -> bool:
-        return False  # the key must reach `do_kv_cache_update` unrotated
+        return False  # MiniPIC writes the cache itself (`do_kv_cache_update`)
 
     def attend(
         self,
@@ -118,9 +117,9 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
         self.ensure_paged_attention(query.dtype)
         paged_rope_attention(
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
-            metadata.seq_lens, metadata.block_kind, rope.unit_cos_sin, rope.rotary_dim, rope.is_neox,
-            self.scale, output, plan=metadata.plan, window_starts=metadata.window_starts,
-            windowed=metadata.windowed, paged_attention=self.paged_attention,
+            metadata.seq_lens, metadata.block_kind, metadata.block_origin, rope.unit_cos_sin, rope.rotary_dim,
+            rope.is_neox, self.scale, output, plan=metadata.plan, window_starts=metadata.window_starts,
+            moved=metadata.moved, paged_attention=self.paged_attention,
         )  # fmt: skip
 
     def ensure_paged_attention(self, dtype: torch.dtype) -> None:
@@ -135,39 +134,51 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
 
 
 def flash_attention_for(dtype: torch.dtype, head_size: int) -> PagedAttention | None:
-    """vLLM's FlashAttention as a `PagedAttention`, or None where it cannot run this layer
-    (fp32, head sizes it lacks, platforms without it): the Triton tile kernel then does all."""
+    """vLLM's FlashAttention-3 as a `PagedAttention`, or None where it cannot run this layer
+    (fp32, head sizes it lacks, GPUs without FA3): the Triton tile kernel then does all."""
     if dtype not in (torch.float16, torch.bfloat16) or head_size % 8 or head_size > 256:
         return None
     from vllm.v1.attention.backends.fa_utils import get_flash_attn_version, is_flash_attn_varlen_func_available
 
-    if not is_flash_attn_varlen_func_available():
+    if not is_flash_attn_varlen_func_available() or get_flash_attn_version(head_size=head_size) != 3:
         return None
-    fa_version = get_flash_attn_version(head_size=head_size)
-    if fa_version is None:
+    from vllm.vllm_flash_attn import flash_attn_interface  # noqa: F401 - loads FA3's op library
+
+    try:
+        return _fa3_paged_attention(torch.ops._vllm_fa3_C.fwd)
+    except (AttributeError, RuntimeError):  # built without FA3
         return None
-    from vllm.vllm_flash_attn import flash_attn_varlen_func
-
-    return _paged_flash_attention(flash_attn_varlen_func, fa_version)
 
 
-def _paged_flash_attention(flash_attn_varlen_func: Callable[..., Any], fa_version: int) -> PagedAttention:
+def _fa3_paged_attention(fa3_forward: Callable[..., Any]) -> PagedAttention:
+    """FA3's forward op, called as `flash_attn_varlen_func` calls it (vLLM 0.26) plus
+    ``seqused_q``: only the rows a request is given are computed, the others left as they
+    are, so launches over the cache and over scratch pages share one output."""
+
     def attend(
         query: torch.Tensor,
         key_pages: torch.Tensor,
         value_pages: torch.Tensor,
         page_table: torch.Tensor,
         query_start_loc: torch.Tensor,
+        query_used: torch.Tensor,
         seq_used: torch.Tensor,
         max_query_len: int,
         max_seq_len: int,
         scale: float,
         out: torch.Tensor,
     ) -> None:
-        flash_attn_varlen_func(
-            q=query, k=key_pages, v=value_pages, out=out, cu_seqlens_q=query_start_loc,
-            max_seqlen_q=max_query_len, seqused_k=seq_used, max_seqlen_k=max_seq_len,
-            softmax_scale=scale, causal=True, block_table=page_table, fa_version=fa_version,
+        fa3_forward(
+            query, key_pages, value_pages,
+            None, None, None,  # k_new, v_new, q_v
+            out, query_start_loc,
+            None, None,  # cu_seqlens_k (paged: seqused_k), cu_seqlens_k_new
+            query_used, seq_used, max_query_len, max_seq_len, page_table,
+            None, None, None, None, None,  # kv_batch_idx, leftpad_k, rotary cos, sin, seqlens
+            None, None, None,  # q/k/v descale
+            scale, True, -1, -1, 0.0,  # causal, no sliding window, no softcap
+            True, None, 0, None, 0,  # rotary_interleaved, scheduler metadata, splits (auto), pack_gqa, sm_margin
+            None, 1, 0, None,  # s_aux, context parallelism off
         )  # fmt: skip
 
     return attend
