@@ -123,13 +123,13 @@ class StepPlan:
         if sum(pages) * self.page_bytes > self.scratch_budget_bytes:
             tiles = [t or m for t, m in zip(tiles, moved)]
             moved, pages = [False] * len(moved), [0] * len(moved)
-        device = seq_lens.device
+        pad = [0] * (seq_lens.shape[0] - len(self.query_lens))  # requests the device tensors pad with
         rows = torch.tensor(
-            [[q if a else 0 for q, a in zip(self.query_lens, at_origin)],
-             [q if m else 0 for q, m in zip(self.query_lens, moved)],
-             [int(m) for m in moved], [int(t) for t in tiles]],
+            [[q if a else 0 for q, a in zip(self.query_lens, at_origin)] + pad,
+             [q if m else 0 for q, m in zip(self.query_lens, moved)] + pad,
+             [int(m) for m in moved] + pad, [int(t) for t in tiles] + pad],
             dtype=torch.int32,
-        ).to(device, non_blocking=True)  # fmt: skip
+        ).to(seq_lens.device, non_blocking=True)  # fmt: skip
         scratch = None
         if any(moved):
             dev_pages = torch.where(rows[2] > 0, (seq_lens + self.block_size - 1) // self.block_size, 0)

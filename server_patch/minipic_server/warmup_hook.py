@@ -57,5 +57,5 @@ def warm_up_attention(vllm_config: Any) -> None:
             continue
         done.add(shape)
         impl.ensure_paged_attention(shape.dtype)
-        warm_up(shape, impl.pic_rope.cos_sin, impl.scale, impl.paged_attention, table_width=table_width)
+        warm_up(shape, impl.pic_rope.unit_cos_sin, impl.scale, impl.paged_attention, table_width=table_width)
     torch.cuda.synchronize()
