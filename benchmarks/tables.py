@@ -61,7 +61,7 @@ def _fmt(x: float | None) -> str:
 
 
 def attention(data: dict) -> None:
-    print(_row("case", "MiniPIC (ms)", "FA3 (ms)", "MiniPIC / FA3", "tile kernel rotating in-kernel (ms)",
+    print(_row("case", "MiniPIC (ms)", "FA3 (ms)", "MiniPIC / FA3", "moved requests on the tile kernel (ms)",
                "CPU dispatch per call (µs)"))  # fmt: skip
     print(_row(*["---"] * 6))
     for r in data["times"]:
@@ -76,6 +76,13 @@ def attention(data: dict) -> None:
         print(_row(*["---"] * 4))
         for r in data["kv_write"]:
             print(_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['vllm_ms']:.4f}", f"{r['ratio']:.2f}"))
+    if data.get("prefill_parts"):
+        print("\n" + _row("short prefill", "context", "MiniPIC (ms)", "FA3 (ms)", "/ FA3", "moving pass alone (ms)"))
+        print(_row(*["---"] * 6))
+        for r in data["prefill_parts"]:
+            move = f"{r['move_pass_ms']:.4f}" if "move_pass_ms" in r else "-"
+            print(_row(r["case"], "moved" if r["moved"] else "at origin", f"{r['whole_ms']:.4f}", f"{r['fa3_ms']:.4f}",
+                       f"{r['ratio']:.2f}", move))  # fmt: skip
     if data.get("decode_variants"):
         print("\n" + _row("decode launch alone", "keys", "BLOCK_N / warps / stages / splits", "ms", "/ FA3", "GB/s"))
         print(_row(*["---"] * 6))

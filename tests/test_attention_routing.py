@@ -1,0 +1,65 @@
+"""Block origins and the per-step routing of prefill requests between kernels (host-side logic)."""
+
+from __future__ import annotations
+
+import torch
+
+from minipic_kernels.attention import plan_step
+from minipic_kernels.block_origins import key_shifts, misplaced_requests
+
+BS = 16
+
+
+def test_shifts_are_how_far_each_logical_block_moved_from_its_origin() -> None:
+    table = torch.tensor([[5, 6, 7], [6, 5, 0]], dtype=torch.int32)
+    origin = torch.zeros(8, dtype=torch.int32)
+    origin[5], origin[6], origin[7] = 0, 3, 2
+    assert key_shifts(table, origin, BS).tolist() == [[0, -32, 0], [-48, 16, 32]]
+
+
+def test_only_blocks_inside_a_request_make_it_misplaced() -> None:
+    table = torch.tensor([[1, 2, 3], [1, 2, 3]], dtype=torch.int32)
+    origin = torch.tensor([0, 0, 1, 9], dtype=torch.int32)  # block 3 was computed elsewhere
+    seq_lens = torch.tensor([2 * BS, 2 * BS + 1], dtype=torch.int32)  # only the second reaches block 3
+    assert misplaced_requests(table, origin, seq_lens, BS).tolist() == [False, True]
+
+
+def _plan(query_lens: list[int], seq_lens: list[int], budget: int = 1 << 30):
+    return plan_step(query_lens, seq_lens, max_seq_len=max(seq_lens), block_size=BS, group=4, page_bytes=1000,
+                     scratch_budget_bytes=budget)  # fmt: skip
+
+
+def test_each_prefill_request_goes_to_the_kernel_that_is_exact_for_it() -> None:
+    # decode, at origin, windowed, moved, moved and windowed
+    query_lens, seq_lens = [1, 40, 50, 30, 20], [70, 40, 50, 90, 33]
+    windowed = torch.tensor([False, False, True, False, True])
+    moved = torch.tensor([True, False, False, True, True])
+    routes = _plan(query_lens, seq_lens).routed(windowed, moved, torch.tensor(seq_lens)).routes
+    assert routes is not None and routes.scratch is not None and routes.at_origin is not None
+    assert routes.at_origin.tolist() == [0, 40, 0, 0, 0]
+    assert routes.scratch.query_used.tolist() == [0, 0, 0, 30, 0]
+    assert routes.scratch.page_start.tolist() == [-1, -1, -1, 0, -1]
+    assert (routes.scratch.num_pages, routes.scratch.max_pages) == (6, 6)
+    assert routes.tiles is not None and routes.tiles.tolist() == [0, 0, 1, 0, 1]
+
+
+def test_moved_requests_over_the_scratch_budget_go_to_the_tile_kernel() -> None:
+    plan = _plan([40, 30], [40, 90], budget=5 * 1000)  # 6 pages needed
+    routes = plan.routed(torch.tensor([False, False]), torch.tensor([False, True]), torch.tensor([40, 90])).routes
+    assert routes is not None and routes.scratch is None
+    assert routes.at_origin is not None and routes.at_origin.tolist() == [40, 0]
+    assert routes.tiles is not None and routes.tiles.tolist() == [0, 1]
+
+
+def test_rows_cover_requests_the_device_tensors_pad_and_kinds_without_requests_launch_nothing() -> None:
+    plan = _plan([64], [64])
+    routes = plan.routed(torch.tensor([False, False]), torch.tensor([False, False]), torch.tensor([64, 0])).routes
+    assert routes is not None and routes.at_origin is not None
+    assert routes.at_origin.tolist() == [64, 0]
+    assert routes.scratch is None and routes.tiles is None
+
+
+def test_a_step_without_prefill_needs_no_routing() -> None:
+    plan = _plan([1, 2], [70, 33])
+    assert not plan.has_prefill
+    assert plan.routed(torch.tensor([True, True]), torch.tensor([True, True]), torch.tensor([70, 33])) is plan
