@@ -152,7 +152,7 @@ class Batch:
         """The batch as one kernel launch sees it (the cache's keys where they were computed)."""
         s = self.shape
         return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_origin,
-                          self.misplaced.to(torch.int8), self.query_start_loc, self.seq_lens, self.window_starts,
+                          self.misplaced, self.query_start_loc, self.seq_lens, self.window_starts,
                           self.cos_sin, s.rotary_dim,
                           s.is_neox, self.scale, max(n for n, _ in self.reqs))  # fmt: skip
 

@@ -114,7 +114,7 @@ class StepPlan:
         `misplaced_requests`): the step's one host sync, none without prefill."""
         if not self.has_prefill or self.routes is not None:
             return self
-        flags = torch.stack((windowed, misplaced)).cpu().tolist()  # the host sync
+        flags = torch.stack((windowed.to(torch.int8), misplaced.to(torch.int8))).cpu().tolist()  # the host sync
         prefill = [q > self.decode_limit for q in self.query_lens]
         tiles = [p and w for p, w in zip(prefill, flags[0])]
         moved = [p and not w and m for p, w, m in zip(prefill, *flags)]
@@ -233,7 +233,7 @@ def paged_rope_attention(
             seq_lens,
         )
     work = TileLaunch(
-        query, key_cache, value_cache, block_table, block_origin, moved.to(torch.int8), query_start_loc, seq_lens,
+        query, key_cache, value_cache, block_table, block_origin, moved, query_start_loc, seq_lens,
         window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale), plan.max_seq_len,
     )  # fmt: skip
     if plan.has_prefill:

@@ -27,8 +27,9 @@ def key_shifts(block_table: torch.Tensor, block_origin: torch.Tensor, block_size
 def misplaced_requests(
     block_table: torch.Tensor, block_origin: torch.Tensor, seq_lens: torch.Tensor, block_size: int
 ) -> torch.Tensor:
-    """``(num_reqs,)`` bool: does the request read any block away from its origin?"""
+    """``(num_reqs,)`` int8, 1 where the request reads a block away from its origin (the
+    kernels' per-request flag, made once per step)."""
     shifts = key_shifts(block_table, block_origin, block_size)
     cols = torch.arange(block_table.shape[1], device=block_table.device)
     in_range = cols[None, :] * block_size < seq_lens[:, None]
-    return ((shifts != 0) & in_range).any(dim=1)
+    return ((shifts != 0) & in_range).any(dim=1).to(torch.int8)
