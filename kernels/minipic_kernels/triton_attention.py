@@ -3,8 +3,11 @@
 The cache holds keys as the model rotated them where they were computed; each physical
 block records that place (`block_origins`). A request whose blocks all sit at their origin
 streams K/V as they are (one dot over the whole head, as a stock kernel); a request
-reading a cached span elsewhere runs a second loop that rotates each key tile in
-registers by its blocks' shifts, from ``cos_sin`` (a pure rotation, one table row per block).
+reading a cached span elsewhere is taken by a second compiled variant (``MOVE``) whose loop
+rotates each key tile in registers by its blocks' shifts, from ``cos_sin`` (a pure
+rotation, one table row per block). `launch` launches both variants, each skipping the
+other's requests: compiled into one kernel, the moved loop slowed the plain one by 25-30%
+(docs/benchmarks.md, section 2).
 
 One kernel body, two launch shapes (the `launch` function picks one):
 
@@ -187,6 +190,7 @@ def _attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys per tile
     TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
+    MOVE: tl.constexpr,  # this launch takes the requests reading a block away from its origin
     DECODE: tl.constexpr,  # decode launch: program x = request with q_len <= BLOCK_Q
     SKIP_QLEN_LE: tl.constexpr,  # tile launch: requests with q_len <= this belong to decode
     USE_FLAGS: tl.constexpr,  # tile launch: only requests whose flag is set
@@ -210,6 +214,9 @@ def _attention_kernel(
         if USE_FLAGS:
             if tl.load(req_flags_ptr + req) == 0:
                 return
+    if ROT_HALF > 0:
+        if (tl.load(req_moved_ptr + req) != 0) != MOVE:  # the other variant's request
+            return
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
 
@@ -237,25 +244,12 @@ def _attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    bt_row_ptr = block_table_ptr + req.to(tl.int64) * stride_btr
-    k_head_ptr = k_ptr + kv_head * stride_kh
-    v_head_ptr = v_ptr + kv_head * stride_vh
-    # Two loops, each pipelined alone: a request reading blocks away from their origin
-    # rotates its key tiles; every other request streams K/V as they are.
-    if (ROT_HALF > 0) & (tl.load(req_moved_ptr + req) != 0):
-        acc, m_i, l_i = _attend_keys(
-            acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, bt_row_ptr, stride_btb,
-            block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-            stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, True, KV_BLOCK_SIZE, BLOCK_N,
-            TILE_BLOCKS, DOT_PRECISION,
-        )  # fmt: skip
-    else:
-        acc, m_i, l_i = _attend_keys(
-            acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, bt_row_ptr, stride_btb,
-            block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-            stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, False, KV_BLOCK_SIZE, BLOCK_N,
-            TILE_BLOCKS, DOT_PRECISION,
-        )  # fmt: skip
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
+        block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_origin_ptr, k_ptr + kv_head * stride_kh,
+        v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr,
+        stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, DOT_PRECISION,
+    )  # fmt: skip
 
     if USE_SPLITS:
         slot = ((pid * tl.num_programs(1) + kv_head) * num_splits + split).to(tl.int64)
@@ -457,19 +451,20 @@ def launch(
     else:
         part_acc = part_ml = out  # never touched
     flags = req_flags if req_flags is not None else work.seq_lens
-    _attention_kernel[(num_tiles, num_kv_heads, splits)](
-        out, query, key_cache, work.value_cache, work.block_table, work.block_origin, work.moved,
-        work.query_start_loc, work.seq_lens, work.window_starts, flags, work.cos_sin, part_acc, part_ml,
-        work.scale * _LOG2E, num_reqs, splits,
-        *query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
-        *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0),
-        HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
-        GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
-        TILE_BLOCKS=max(1, cfg.block_n // block_size),
-        DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
-        USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    for move in (False, True) if work.rotary_dim else (False,):
+        _attention_kernel[(num_tiles, num_kv_heads, splits)](
+            out, query, key_cache, work.value_cache, work.block_table, work.block_origin, work.moved,
+            work.query_start_loc, work.seq_lens, work.window_starts, flags, work.cos_sin, part_acc, part_ml,
+            work.scale * _LOG2E, num_reqs, splits,
+            *query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
+            *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0),
+            HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
+            GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
+            TILE_BLOCKS=max(1, cfg.block_n // block_size), MOVE=move,
+            DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
+            USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(num_tiles, num_kv_heads)](
             out, part_acc, part_ml, work.query_start_loc, num_reqs, splits, *out.stride(),
