@@ -19,6 +19,9 @@ Measurements (each a list in the JSON, drawn by `benchmarks/plot.py`):
   preload them, the same prompt with its spans computed in context, and stock's uncached
   TTFT for the same text;
 - ``long_spans``: 64 samples of 4 out of 8 documents of ~4,096 tokens plus a question;
+- ``span_prefills``: every distinct passage of the workload prefilled once, as the SSep
+  span prefills ISPS sends (`minipic serve`) or as plain prompts of the same text (stock),
+  in requests of 32 prompts, 256 prompts in flight: prefill tokens/s;
 - ``small_requests``: random 128-token prompts from a bare HTTP client (server capacity);
 - ``jit``: lines of vLLM's JIT monitor logged after the server was ready (must be none).
 
@@ -50,7 +53,7 @@ from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
 from minipic_client import SpanClient  # noqa: E402
 from minipic_client.client import RagRequest, pooled_transport  # noqa: E402
-from minipic_client.scheduler import RequestEvent, Strategy  # noqa: E402
+from minipic_client.scheduler import MAX_PROMPTS_PER_REQUEST, RequestEvent, Strategy  # noqa: E402
 from minipic_server.launch import free_port, serve_argv, server_env, stop, wait_until_ready  # noqa: E402
 
 # A perfect PIC run on the H200 computes only unique tokens: about 66 samples/s of this
@@ -255,6 +258,44 @@ async def small_requests(url: str, vocab: int, n: int = 600, in_flight: int = 25
     return row
 
 
+async def span_prefills(url: str, server: Server, texts: list[str], args) -> dict:
+    """Prefill rate of the workload's distinct passages: span prefills (SSep, passage, padding
+    to a block) on `minipic serve`, the passage's own tokens on stock; both sent as the
+    SDK's scheduler sends span prefills (`MAX_PROMPTS_PER_REQUEST` prompts a request,
+    max_tokens 1), ``server.max_num_seqs`` prompts in flight."""
+    async with connect(url, server, args, []) as client:
+        if server.pic:
+            layouts = (client.rag_layout(RagRequest(task="?", docs=[t], raw=True)) for t in texts)
+            prompts = [list(p.token_ids) for layout in layouts for p in layout.prefills if p.kind == "span"]
+        else:
+            prompts = [client.tokenizer.encode(t) for t in texts]
+        model = client.info.model
+        passage_tokens = sum(len(client.tokenizer.encode(t)) for t in texts)
+    groups = [prompts[i : i + MAX_PROMPTS_PER_REQUEST] for i in range(0, len(prompts), MAX_PROMPTS_PER_REQUEST)]
+    gate = asyncio.Semaphore(max(1, server.max_num_seqs // MAX_PROMPTS_PER_REQUEST))
+    computed = 0
+    async with httpx.AsyncClient(base_url=url, timeout=600, transport=pooled_transport()) as http:
+
+        async def one(group: list[list[int]]) -> None:
+            nonlocal computed
+            async with gate:
+                response = await http.post("/v1/completions", json={
+                    "model": model, "prompt": group, "max_tokens": 1, "temperature": 0.0})  # fmt: skip
+                response.raise_for_status()
+            usage = response.json()["usage"]
+            computed += usage["prompt_tokens"] - ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+        await reset_cache(url)
+        started = time.perf_counter()
+        await asyncio.gather(*map(one, groups))
+        elapsed = time.perf_counter() - started
+    row = {"server": server.name, "passages": len(texts), "prompts": len(prompts), "elapsed_s": elapsed,
+           "passage_tokens": passage_tokens, "sent_tokens": sum(map(len, prompts)), "computed_tokens": computed,
+           "computed_tokens_per_s": computed / elapsed, "passage_tokens_per_s": passage_tokens / elapsed}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def jit_lines_after_ready(log: Path, ready_at: int) -> list[str]:
     text = log.read_text(errors="replace").splitlines()
     return [line for line in text[ready_at:] if JIT_PATTERN.search(line)]
@@ -303,6 +344,9 @@ async def measure_server(server: Server, args, requests_by_tokens, docs_1k, docs
             with profiled(process, path, args.profile_seconds, args.profile):
                 row = await small_requests(url, args.vocab, n=args.small_requests)
             result["small_requests"].append({"server": server.name, **row})
+        if "spans" in args.parts:
+            result["span_prefills"].append(await span_prefills(url, server, args.distinct_passages, args))
+            save()
         if "table1" in args.parts:
             for name, strategy in ROWS[server.name]:
                 if server.pic and strategy.value not in args.strategies:
@@ -345,6 +389,7 @@ async def main_async(args: argparse.Namespace) -> int:
     docs_1k = passages_as_docs(passages, tokenizer, 1000, 5 * max(args.figure2_docs))
     docs_4k = passages_as_docs(passages[3000:], tokenizer, args.long_doc_tokens, 8)
     documents = [i for s in picks for i in s]
+    args.distinct_passages = [texts[i] for i in dict.fromkeys(documents)]
     if len(set(documents)) == len(documents):
         # workload.py uses every passage at least once: up to ~600 samples of 10, each exactly once.
         print(f"note: no passage repeats in {args.samples} samples: span reuse cannot pay off "
@@ -355,7 +400,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "samples": args.samples,
         "unique_document_fraction": len(set(documents)) / len(documents),
         "unique_token_ceiling_samples_per_s": UNIQUE_TOKEN_CEILING,
-        "table1": [], "figure2": [], "long_spans": [], "small_requests": [], "jit": [],
+        "table1": [], "span_prefills": [], "figure2": [], "long_spans": [], "small_requests": [], "jit": [],
     }  # fmt: skip
     try:
         import torch
@@ -390,8 +435,8 @@ def main() -> None:
     add_server_arguments(parser)
     parser.add_argument("--servers", nargs="+", choices=list(SERVERS),
                         default=["stock-fa3", "stock-triton", "pic-256", "pic-64", "pic-1024"])  # fmt: skip
-    parser.add_argument("--parts", nargs="+", default=["table1", "figure2", "long", "small"],
-                        choices=["table1", "figure2", "long", "small"])  # fmt: skip
+    parser.add_argument("--parts", nargs="+", default=["spans", "table1", "figure2", "long", "small"],
+                        choices=["spans", "table1", "figure2", "long", "small"])  # fmt: skip
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--strategies", nargs="+", choices=[s.value for s in Strategy],
                         default=[s.value for s in Strategy],
