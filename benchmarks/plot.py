@@ -147,7 +147,7 @@ def client_concurrency(data: dict, out: Path) -> None:
 FIGURES = (
     ("served-h200.json", "served-table1.png", served_table1),
     ("served-h200-no-reuse.json", "served-table1-no-reuse.png", served_table1),
-    ("served-h200-no-reuse.json", "served-figure2.png", served_figure2),
+    ("served-h200-spans.json", "served-figure2.png", served_figure2),
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
     ("accuracy-smollm2-cpu.json", "accuracy.png", accuracy),

@@ -19,6 +19,14 @@ def _row(*cells: object) -> str:
 
 def served(data: dict) -> None:
     rows = data["table1"]
+    if rows:
+        _table1(rows)
+    if data.get("span_prefills"):
+        _span_prefills(data["span_prefills"])
+    _figure2_and_others(data)
+
+
+def _table1(rows: list[dict]) -> None:
     print(_row("configuration", "max_tokens", "samples/s", "vs stock FA3", "final prompt tokens/s",
                "computed prompt tokens/s", "requests", "cached (finals)", "of ceiling"))  # fmt: skip
     print(_row(*["---"] * 9))
@@ -30,6 +38,23 @@ def served(data: dict) -> None:
                    r["requests"], f"{r['final_cached_fraction']:.1%}",
                    f"{r['fraction_of_unique_token_ceiling']:.0%}"))  # fmt: skip
     print()
+
+
+def _span_prefills(rows: list[dict]) -> None:
+    print(_row("server", "passages", "prompt tokens sent", "seconds", "computed tokens/s", "vs stock",
+               "passage tokens/s", "vs stock"))  # fmt: skip
+    print(_row(*["---"] * 8))
+    stock = next((r for r in rows if not r["server"].startswith("pic")), None)
+    for r in rows:
+        computed = r["computed_tokens_per_s"] / stock["computed_tokens_per_s"] if stock else float("nan")
+        passage = r["passage_tokens_per_s"] / stock["passage_tokens_per_s"] if stock else float("nan")
+        print(_row(r["server"], f"{r['passages']:,}", f"{r['sent_tokens']:,}", f"{r['elapsed_s']:.1f}",
+                   f"{r['computed_tokens_per_s']:,.0f}", f"**{computed:.2f}x**", f"{r['passage_tokens_per_s']:,.0f}",
+                   f"{passage:.2f}x"))  # fmt: skip
+    print()
+
+
+def _figure2_and_others(data: dict) -> None:
     by_k: dict[int, dict[str, list[float]]] = {}
     for r in data["figure2"]:
         for key, value in r.items():
