@@ -239,23 +239,34 @@ async def small_requests(url: str, vocab: int, n: int = 600, in_flight: int = 25
     (special tokens sit at its ends)."""
     rng = random.Random(3)
     prompts = [[rng.randrange(vocab // 4, vocab - 512) for _ in range(128)] for _ in range(n)]
+    elapsed, _ = await prefill_all(url, None, prompts, in_flight)
+    row = {"requests": n, "in_flight": in_flight, "elapsed_s": elapsed, "requests_per_s": n / elapsed}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+async def prefill_all(url: str, model: str | None, prompts: list, in_flight: int) -> tuple[float, int]:
+    """Send each prompt (token ids, or a list of them: one multi-prompt request) with
+    max_tokens 1 from a bare client over the SDK's transport, `in_flight` requests at a
+    time, after a prefix-cache reset: seconds taken and prompt tokens computed (not cached)."""
+    computed = 0
     async with httpx.AsyncClient(base_url=url, timeout=600, transport=pooled_transport()) as http:
-        model = (await http.get("/v1/models")).json()["data"][0]["id"]
+        model = model or (await http.get("/v1/models")).json()["data"][0]["id"]
         gate = asyncio.Semaphore(in_flight)
 
-        async def one(prompt: list[int]) -> None:
+        async def one(prompt: list) -> None:
+            nonlocal computed
             async with gate:
                 response = await http.post("/v1/completions", json={
                     "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0})  # fmt: skip
                 response.raise_for_status()
+            usage = response.json()["usage"]
+            computed += usage["prompt_tokens"] - ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
         await reset_cache(url)
         started = time.perf_counter()
         await asyncio.gather(*map(one, prompts))
-        elapsed = time.perf_counter() - started
-    row = {"requests": n, "in_flight": in_flight, "elapsed_s": elapsed, "requests_per_s": n / elapsed}
-    print(json.dumps(row), flush=True)
-    return row
+        return time.perf_counter() - started, computed
 
 
 async def span_prefills(url: str, server: Server, texts: list[str], args) -> dict:
@@ -272,23 +283,7 @@ async def span_prefills(url: str, server: Server, texts: list[str], args) -> dic
         model = client.info.model
         passage_tokens = sum(len(client.tokenizer.encode(t)) for t in texts)
     groups = [prompts[i : i + MAX_PROMPTS_PER_REQUEST] for i in range(0, len(prompts), MAX_PROMPTS_PER_REQUEST)]
-    gate = asyncio.Semaphore(max(1, server.max_num_seqs // MAX_PROMPTS_PER_REQUEST))
-    computed = 0
-    async with httpx.AsyncClient(base_url=url, timeout=600, transport=pooled_transport()) as http:
-
-        async def one(group: list[list[int]]) -> None:
-            nonlocal computed
-            async with gate:
-                response = await http.post("/v1/completions", json={
-                    "model": model, "prompt": group, "max_tokens": 1, "temperature": 0.0})  # fmt: skip
-                response.raise_for_status()
-            usage = response.json()["usage"]
-            computed += usage["prompt_tokens"] - ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-
-        await reset_cache(url)
-        started = time.perf_counter()
-        await asyncio.gather(*map(one, groups))
-        elapsed = time.perf_counter() - started
+    elapsed, computed = await prefill_all(url, model, groups, max(1, server.max_num_seqs // MAX_PROMPTS_PER_REQUEST))
     row = {"server": server.name, "passages": len(texts), "prompts": len(prompts), "elapsed_s": elapsed,
            "passage_tokens": passage_tokens, "sent_tokens": sum(map(len, prompts)), "computed_tokens": computed,
            "computed_tokens_per_s": computed / elapsed, "passage_tokens_per_s": passage_tokens / elapsed}  # fmt: skip
@@ -333,7 +328,9 @@ def passages_as_docs(passages: list[dict], tokenizer, target_tokens: int, count:
     return docs
 
 
-async def measure_server(server: Server, args, requests_by_tokens, docs_1k, docs_4k, result: dict) -> None:
+async def measure_server(
+    server: Server, args, requests_by_tokens, distinct_passages, docs_1k, docs_4k, result: dict
+) -> None:
     def save() -> None:
         args.out.write_text(json.dumps(result, indent=2))
 
@@ -345,7 +342,7 @@ async def measure_server(server: Server, args, requests_by_tokens, docs_1k, docs
                 row = await small_requests(url, args.vocab, n=args.small_requests)
             result["small_requests"].append({"server": server.name, **row})
         if "spans" in args.parts:
-            result["span_prefills"].append(await span_prefills(url, server, args.distinct_passages, args))
+            result["span_prefills"].append(await span_prefills(url, server, distinct_passages, args))
             save()
         if "table1" in args.parts:
             for name, strategy in ROWS[server.name]:
@@ -389,7 +386,7 @@ async def main_async(args: argparse.Namespace) -> int:
     docs_1k = passages_as_docs(passages, tokenizer, 1000, 5 * max(args.figure2_docs))
     docs_4k = passages_as_docs(passages[3000:], tokenizer, args.long_doc_tokens, 8)
     documents = [i for s in picks for i in s]
-    args.distinct_passages = [texts[i] for i in dict.fromkeys(documents)]
+    distinct_passages = [texts[i] for i in dict.fromkeys(documents)]
     if len(set(documents)) == len(documents):
         # workload.py uses every passage at least once: up to ~600 samples of 10, each exactly once.
         print(f"note: no passage repeats in {args.samples} samples: span reuse cannot pay off "
@@ -409,7 +406,7 @@ async def main_async(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     for name in args.servers:
-        await measure_server(SERVERS[name], args, requests_by_tokens, docs_1k, docs_4k, result)
+        await measure_server(SERVERS[name], args, requests_by_tokens, distinct_passages, docs_1k, docs_4k, result)
         args.out.write_text(json.dumps(result, indent=2))
     # Stock TRITON_ATTN compiles during inference on its own; only MiniPIC's servers must not.
     compiled = sum(j["compilations_after_ready"] for j in result["jit"] if SERVERS[j["server"]].pic)
