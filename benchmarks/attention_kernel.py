@@ -136,16 +136,14 @@ class Batch:
             query=self.query, key_cache=self.key_cache, value_cache=self.value_cache,
             block_table=self.block_table, query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
             block_kind=self.block_kind, block_origin=self.block_origin, cos_sin=self.cos_sin,
-            rotary_dim=s.rotary_dim,
-            is_neox=s.is_neox, scale=self.scale,
+            rotary_dim=s.rotary_dim, is_neox=s.is_neox, scale=self.scale,
         )  # fmt: skip
 
     def ours(self, out: torch.Tensor, fa, *, budget: int = 1 << 30, decode: AttentionConfig | None = None):
         plan = self.plan(budget)
         return lambda: paged_rope_attention(
             **self.args(), output=out, plan=plan, window_starts=self.window_starts, moved=self.misplaced,
-            paged_attention=fa,
-            scratch_budget_bytes=budget, decode=decode,
+            paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
         )  # fmt: skip
 
     def tile_launch(self) -> TileLaunch:
@@ -153,8 +151,7 @@ class Batch:
         s = self.shape
         return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_origin,
                           self.misplaced, self.query_start_loc, self.seq_lens, self.window_starts,
-                          self.cos_sin, s.rotary_dim,
-                          s.is_neox, self.scale, max(n for n, _ in self.reqs))  # fmt: skip
+                          self.cos_sin, s.rotary_dim, s.is_neox, self.scale, max(n for n, _ in self.reqs))  # fmt: skip
 
     def reference(self) -> torch.Tensor:
         args = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in self.args().items()}
