@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from minipic_client import RagRequest, RagResult, RequestEvent, SpanClient, SpanRAG
 from minipic_server.markers import PDEP_TOKEN, SSEP_TOKEN
 
+from batch_signals import batch_command, batch_signalling_itself
 from server_api import acomplete
 
 pytestmark = pytest.mark.server
@@ -215,28 +216,6 @@ def test_rag_command(pic_server, tmp_path):
     assert done.stdout.strip() and "prompt tokens cached" in done.stderr
 
 
-# `minipic batch` killed with SIGKILL right after its fifth result line, while other
-# samples are in flight: a fixed point, so the test does not race the run's speed.
-KILLED_AFTER_FIVE_RESULTS = """
-import os, signal, sys
-from minipic_client import batch, cli
-
-append = batch.ResultFile.append
-written = 0
-
-def append_then_die_at_five(self, sample_id, result):
-    global written
-    append(self, sample_id, result)
-    written += 1
-    if written == 5:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-batch.ResultFile.append = append_then_die_at_five
-sys.argv = ["minipic", *sys.argv[1:]]
-cli.main()
-"""
-
-
 def test_batch_killed_mid_run_resumes_with_every_id_once(pic_server, tmp_path):
     docs = fresh_docs(5)
     samples = [
@@ -250,11 +229,10 @@ def test_batch_killed_mid_run_resumes_with_every_id_once(pic_server, tmp_path):
     ]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8")
-    args = ("batch", str(inp), "--server", pic_server.url, "--output", str(out),
-            "--max-tokens", "16", "--max-in-flight", "2")
+    args = (str(inp), "--server", pic_server.url, "--output", str(out), "--max-tokens", "16", "--max-in-flight", "2")
 
     killed = subprocess.run(
-        [sys.executable, "-c", KILLED_AFTER_FIVE_RESULTS, *args],
+        batch_signalling_itself(*args, after_results=5, signum=signal.SIGKILL),
         capture_output=True,
         text=True,
         timeout=300,
@@ -266,7 +244,7 @@ def test_batch_killed_mid_run_resumes_with_every_id_once(pic_server, tmp_path):
     with out.open("a", encoding="utf-8") as f:
         f.write('{"id": "s79", "te')  # what a kill during a write leaves
 
-    done = subprocess.run(cli(*args), capture_output=True, text=True, timeout=600, env=os.environ)
+    done = subprocess.run(batch_command(*args), capture_output=True, text=True, timeout=600, env=os.environ)
     assert done.returncode == 0, done.stderr
     assert f"{written} of {len(samples)} samples done" in done.stderr
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]

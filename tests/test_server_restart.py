@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from minipic_client import RagRequest, SpanClient
 
+from batch_signals import batch_signalling_itself
 from pic_reference import HFReference, dependent, flatten, random_tokens, span, system
 from server_api import complete, max_logprob_diff, prefill
 from servers import ServerPool, ServerSpec
@@ -68,26 +68,30 @@ def test_a_batch_survives_kill_9_of_the_server_and_leaves_no_orphans(server_pool
     ]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8")
-    command = [sys.executable, "-m", "minipic_client.cli", "batch", str(inp), "--server", pic_server.url,
-               "--output", str(out), "--max-tokens", "16", "--max-in-flight", "2"]
+    args = (str(inp), "--server", pic_server.url, "--output", str(out), "--max-tokens", "16", "--max-in-flight", "2")
     children = psutil.Process(pic_server.process.pid).children(recursive=True)
     assert any("EngineCore" in c.name() for c in children)
 
+    # The batch stops itself after its third result line, so the server dies mid-batch
+    # however fast the run goes; it goes on while the server is down.
+    command = batch_signalling_itself(*args, after_results=3, signum=signal.SIGSTOP)
     batch = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
+        batch_process = psutil.Process(batch.pid)
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
+        while batch.poll() is None and batch_process.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
             time.sleep(0.05)
         os.kill(pic_server.process.pid, signal.SIGKILL)
         pic_server.process.wait()
         _, orphans = psutil.wait_procs(children, timeout=20)
         assert not orphans, f"left running: {[(p.pid, p.name()) for p in orphans]}"
         written_before_restart = out.read_text().count("\n")
+        batch.send_signal(signal.SIGCONT)
         server_pool.restart()
         _, stderr = batch.communicate(timeout=600)
     finally:
         batch.kill()
     assert batch.returncode == 0, stderr
-    assert 3 <= written_before_restart < len(samples), "the server was not killed mid-batch"
+    assert written_before_restart == 3
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == list(range(len(samples)))
