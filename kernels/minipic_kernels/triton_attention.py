@@ -24,8 +24,8 @@ loaded once per kv head. The key range of a tile runs from the lowest window sta
 rows to its last query position: tiles wholly outside every row's window are never
 visited, which keeps Block-Attention prefill linear in the number of spans.
 
-``ROT_HALF == 0`` means keys are already where the request reads them (scratch pages from
-`rotary_pages`).
+``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
+place, which only the benchmarks' no-rotation baseline and its interpreter test use.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class BlockRecorder:
         block_size: int,
     ) -> None:
         """Set the records of every block whose first slot is written this step (graph-safe ops)."""
-        num_tokens = min(input_ids.shape[0], slot_mapping.shape[0], positions.shape[-1])
+        num_tokens = min(input_ids.shape[0], slot_mapping.shape[0], positions.shape[0])
         ids, slots = input_ids[:num_tokens], slot_mapping[:num_tokens].long()
         starts_block = (slots >= 0) & (slots % block_size == 0)
         spare = kinds.shape[0] - 1
