@@ -127,6 +127,23 @@ MODEL_FORWARD = patch(
 ENGINE_PIC = attach("vllm.v1.engine.core:EngineCore._minipic", "the engine's PicConfig, or None when PIC is off")
 ENGINE_HASHER = attach("vllm.v1.engine.core:EngineCore._minipic_hasher", "the marker-aware hasher built at start-up")
 CHAIN_STATE = attach("vllm.v1.request:Request._minipic_chain_state", "per-request hashing state between hasher calls")
+# Gapped hits (`gapped_hits`): the scheduler's one per-request chunk-end hook and the slot allocation.
+_SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+_KV_MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
+SCHEDULER_SPLITS_CHUNKS = patch(
+    f"{_SCHED}.need_mamba_block_aligned_split",
+    "set: vLLM then asks `_mamba_block_aligned_split` where each prefill chunk ends (both the running and "
+    "the waiting path); the guards refuse Mamba models, so MiniPIC's answer is the only one")
+SCHEDULER_CHUNK_END = patch(
+    f"{_SCHED}._mamba_block_aligned_split",
+    "replaced per scheduler: a prefill chunk ends where the next cached run starts (gapped hits)",
+    ("self", "request", "num_new_tokens", "num_new_local_computed_tokens", "num_external_computed_tokens"))
+SCHEDULER_ALLOCATE_SLOTS = patch(
+    f"{_KV_MANAGER}.allocate_slots",
+    "wrapped per engine: a cached run at a running request's chunk start is adopted in front of the new "
+    "slots (vLLM's own adoption only takes new requests' prefix hits); the rest of the arguments, which "
+    "differ between releases, are passed through", keywords=("request", "num_new_tokens"))
+ENGINE_GAPS = attach("vllm.v1.engine.core:EngineCore._minipic_gaps", "the engine's GapScheduling, once installed")
 
 _PICK_BACKEND = "minipic_server.backend_selection:wrap_get_attn_backend_cls"
 _PICK_BACKEND_PARAMS = ("cls", "selected_backend", "attn_selector_config", "num_heads")
@@ -192,6 +209,43 @@ TABLE: tuple[Intervention, ...] = (
     ENGINE_PIC,
     ENGINE_HASHER,
     CHAIN_STATE,
+    SCHEDULER_SPLITS_CHUNKS,
+    SCHEDULER_CHUNK_END,
+    SCHEDULER_ALLOCATE_SLOTS,
+    ENGINE_GAPS,
+    # Gapped hits read the scheduler's KV-cache bookkeeping and request state.
+    use("vllm.v1.engine.core:EngineCore.scheduler", "gapped hits: the engine's scheduler"),
+    *(use(f"{_SCHED}.{name}", "gapped hits") for name in ("kv_cache_manager", "block_size")),
+    *(use(f"{_KV_MANAGER}.{name}", "gapped hits: the block table and the cache lookup")
+      for name in ("coordinator", "enable_caching", "create_kv_cache_blocks")),
+    use("vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.single_type_managers", "gapped hits"),
+    *(use(f"vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.{name}",
+          "gapped hits: a request's blocks and how many of them are cached")
+      for name in ("block_pool", "req_to_blocks", "num_cached_block")),
+    use("vllm.v1.core.block_pool:BlockPool.get_cached_block", "gapped hits: is a block cached",
+        ("self", "block_hash", "kv_cache_group_ids")),
+    use("vllm.v1.core.block_pool:BlockPool.touch", "gapped hits: take a reference to adopted blocks",
+        ("self", "blocks")),
+    use("vllm.v1.core.block_pool:BlockPool.free_blocks", "gapped hits: give them back when allocation fails",
+        ("self", "ordered_blocks")),
+    *(use(f"vllm.v1.request:Request.{name}", "gapped hits")
+      for name in ("request_id", "status", "num_computed_tokens", "skip_reading_prefix_cache", "prefill_stats",
+                   "num_preemptions")),
+    use("vllm.v1.request:RequestStatus.RUNNING", "gapped hits adopt runs for running requests only"),
+    *(use(f"vllm.v1.metrics.stats:PrefillStats.{name}", "gapped hits: adopted tokens are reported as cached")
+      for name in ("num_cached_tokens", "num_local_cached_tokens", "num_computed_tokens")),
+    wrap("vllm.v1.worker.gpu.model_runner:GPUModelRunner.update_requests",
+         "minipic_server.gapped_hits:wrap_update_requests",
+         "copy a prefilling request's computed count to the device, where the V2 runner otherwise only adds "
+         "each step's tokens (gapped hits move it past adopted runs)", ("self", "scheduler_output"),
+         versions=("0.26",)),
+    *(use(f"vllm.v1.worker.gpu.states:RequestState.{name}", "gapped hits: the device-side computed count",
+          versions=("0.26",)) for name in ("req_id_to_index", "prefill_len", "num_computed_tokens")),
+    *(use(f"vllm.v1.worker.gpu.model_runner:GPUModelRunner.{name}", "gapped hits", versions=("0.26",))
+      for name in ("vllm_config", "req_states")),
+    use("vllm.v1.core.sched.output:SchedulerOutput.scheduled_cached_reqs", "gapped hits", versions=("0.26",)),
+    *(use(f"vllm.v1.core.sched.output:CachedRequestData.{name}", "gapped hits", versions=("0.26",))
+      for name in ("req_ids", "num_computed_tokens")),
     # Block hashing (engine core) reads vLLM's hash chain and request state.
     use(f"{_KV_UTILS}:hash_block_tokens", "hash a block on a parent MiniPIC chooses",
         ("hash_function", "parent_block_hash", "curr_block_token_ids", "extra_keys")),

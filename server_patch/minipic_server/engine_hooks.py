@@ -18,6 +18,7 @@ from vllm.v1.engine.core import EngineCore
 
 from minipic_server.boundary import BAD_WORDS, ENGINE_HASHER, ENGINE_PIC, REQUEST_BLOCK_HASHER, patch_instance
 from minipic_server.config import PicConfig, pic_config_of
+from minipic_server.gapped_hits import install_gap_scheduling
 from minipic_server.guards import check_kv_cache_groups
 from minipic_server.hashing import make_pic_block_hasher
 
@@ -45,6 +46,7 @@ def wrap_preprocess_add_request(original: Callable[..., Any]) -> Callable[..., A
         if pic is not None:
             # The constructor assigns vLLM's own hasher after the KV caches exist.
             patch_instance(REQUEST_BLOCK_HASHER, self, self._minipic_hasher)
+            install_gap_scheduling(self)
             if request.sampling_params is not None:
                 ban_markers(request.sampling_params, pic)
         return original(self, request)
