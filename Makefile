@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 TINY_MODEL ?= .tiny-model
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast tiny-model lint clean reliability
+.PHONY: venv demo test test-fast test-gpu tiny-model lint clean reliability
 
 venv:
 	VENV=$(VENV) bash tools/bootstrap-venv.sh
@@ -24,6 +24,14 @@ test: venv
 # Unit tests only: no vLLM server is started.
 test-fast: venv
 	$(PY) -m pytest -ra -m "not server" $(PYTEST_ARGS)
+
+# The GPU path (FlashAttention-3 routing, bf16 Triton kernels, CUDA graphs) on a CUDA machine with
+# vLLM 0.26, where python3 already has it: the H200 runs it as `bash benchmarks/h200.sh test-gpu`.
+# Writes a JSON record (commit, versions, GPU, outcomes) to $$MINIPIC_GPU_RECORD.
+GPU_PY ?= python3
+test-gpu:
+	MINIPIC_GPU_TESTS=1 $(GPU_PY) -m pytest -ra -p gpu_record $(PYTEST_ARGS) tests/gpu tests/test_server_pic.py \
+		tests/test_server_gapped_hits.py
 
 # The long reliability runs behind docs/reliability.md: the hasher's property tests with
 # 20,000 examples each, then 2,000 and 5,000 `rag` calls at the server's concurrency cap.

@@ -41,6 +41,13 @@ served)
         --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/served.log" | grep -v Warning
     # The device returns at most 8 files: the logs and profiles travel as one archive.
     (cd "$OUT" && shopt -s nullglob && tar -czf served-logs.tar.gz --remove-files ./*.log ./*.txt) ;;
+test-gpu)
+    # The GPU test suite (`make test-gpu`); MINIPIC_COMMIT/MINIPIC_DIRTY name the commit (no git here).
+    MINIPIC_GPU_RECORD="$OUT/gpu-test-h200.json" timeout "$left" make test-gpu PYTEST_ARGS="$*" \
+        >"$OUT/test-gpu.log" 2>&1
+    status=$?
+    tail -n 40 "$OUT/test-gpu.log"
+    exit $status ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernel|served [args...]"; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernel|served|test-gpu [args...]"; exit 2 ;;
 esac

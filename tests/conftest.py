@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from minipic_server.tiny_model import make_tiny_model
 from servers import RunningServer, ServerPool, ServerSpec
 
 PIC = ServerSpec()
+# tests/gpu needs CUDA and vLLM 0.26: `make test-gpu` collects it, `make test` does not.
+collect_ignore = [] if os.environ.get("MINIPIC_GPU_TESTS") == "1" else ["gpu"]
 
 
 @pytest.fixture(scope="session")

@@ -41,11 +41,12 @@ class ServerSpec:
     pic: bool = True
     load_plugins: bool = True
     extra_args: tuple[str, ...] = ()
+    base_args: tuple[str, ...] = COMMON_ARGS
     env: tuple[tuple[str, str], ...] = ()
     model_dir: Path | None = None
 
     def argv(self, model_dir: Path, port: int) -> list[str]:
-        return serve_argv(model_dir, port, (*COMMON_ARGS, *self.extra_args), stock=not self.pic)
+        return serve_argv(model_dir, port, (*self.base_args, *self.extra_args), stock=not self.pic)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.env))

@@ -108,6 +108,10 @@ def test_info_names_a_local_tokenizer_by_its_absolute_path(tiny_model_dir: Path,
         ({**MARKERS, "pad_token_id": 50000}, {}, "pad_token_id=50000 is outside the model's embedding table"),
         ({**MARKERS, "ssep_token_id": 100}, {}, "ssep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary"),
         (MARKERS, {"enable_lora": True}, "does not support LoRA"),
+        (MARKERS, {"kv_offloading_size": 1.0}, r"does not support KV offloading yet \(--kv-offloading-size\)"),
+        (MARKERS, {"kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}},
+         r"does not support KV connectors yet \(--kv-transfer-config"),
+        (MARKERS, {"tensor_parallel_size": 2}, "does not support tensor parallelism yet"),
         (MARKERS, {"kv_cache_dtype": "fp8"}, r"quantized KV cache \(--kv-cache-dtype fp8\)"),
         (MARKERS, {"attention_backend": "FLEX_ATTENTION"}, "--attention-backend FLEX_ATTENTION cannot be used"),
     ],
@@ -120,8 +124,9 @@ def test_engine_config_guards(tiny_model_dir: Path, markers, kwargs, message) ->
 def test_multimodal_models_are_refused() -> None:
     model = SimpleNamespace(use_mla=False, is_multimodal_model=True)
     config = SimpleNamespace(
-        model_config=model, cache_config=SimpleNamespace(enable_prefix_caching=True),
-        parallel_config=SimpleNamespace(pipeline_parallel_size=1), lora_config=None, speculative_config=None,
+        model_config=model, cache_config=SimpleNamespace(enable_prefix_caching=True, kv_offloading_size=None),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1, tensor_parallel_size=1), lora_config=None,
+        speculative_config=None, kv_transfer_config=None,
     )
     with pytest.raises(MiniPICConfigError, match="does not support multimodal models"):
         check_engine_config(config, PicConfig(**MARKERS))

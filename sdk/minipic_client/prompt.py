@@ -113,8 +113,9 @@ class Prefill:
 @dataclass(frozen=True, slots=True)
 class PromptLayout:
     """A final prompt, the prefills that make its reusable blocks resident, and how
-    many of its tokens the server should then report as cached at least: the
-    leading run of prefilled segments (vLLM's lookup stops at the first miss)."""
+    many of its tokens the server should then report as cached at least: every
+    prefilled segment, wherever it sits (a MiniPIC server reuses cached blocks after
+    a miss), but never the block holding the last token."""
 
     token_ids: list[int]
     prefills: tuple[Prefill, ...]
@@ -162,19 +163,18 @@ class PromptBuilder:
         groups = _segments(parts)
         ids: list[int] = []
         prefills: list[Prefill] = []
-        cacheable = -1  # set where the leading run of prefilled pieces ends
+        prefilled: list[tuple[int, int]] = []  # where each prefilled piece sits
         last = len(groups) - 1
         for i, (opener, texts) in enumerate(groups):
             for piece in self._segment(opener, texts, add_special_tokens and i == 0, i < last):
                 if piece.prefill is not None:
                     prefills.append(piece.prefill)
-                elif cacheable < 0:
-                    cacheable = len(ids)
+                    prefilled.append((len(ids), len(ids) + len(piece.token_ids)))
                 ids += piece.token_ids
-        # vLLM's lookup stops at the first uncached block (e.g. an EPIC head), and it
-        # always computes the last token, so a fully cached prompt recomputes a block.
+        # The server always computes the last token, so a fully cached prompt recomputes a block.
         limit = max(len(ids) - 1, 0) // self._block * self._block
-        return PromptLayout(ids, tuple(prefills), limit if cacheable < 0 else min(cacheable, limit))
+        cacheable = sum(max(0, min(end, limit) - start) for start, end in prefilled)
+        return PromptLayout(ids, tuple(prefills), cacheable)
 
     def _plain(self, parts: Sequence[Part], add_special_tokens: bool) -> PromptLayout:
         ids = list(self._tokens.leading_ids) if add_special_tokens else []

@@ -200,8 +200,11 @@ TABLE: tuple[Intervention, ...] = (
     use("vllm.config.attention:AttentionConfig.backend", "start-up guards: no foreign --attention-backend"),
     use("vllm.config.cache:CacheConfig.prefix_caching_hash_algo", "the block hasher uses vLLM's hash function"),
     use("vllm.config.parallel:ParallelConfig.pipeline_parallel_size", "start-up guards"),
+    use("vllm.config.parallel:ParallelConfig.tensor_parallel_size", "start-up guards"),
+    use("vllm.config.cache:CacheConfig.kv_offloading_size", "start-up guards: no KV offloading yet"),
     *(use(f"vllm.config.vllm:VllmConfig.{name}", "start-up guards; activation")
-      for name in ("lora_config", "speculative_config", "additional_config", "attention_config")),
+      for name in ("lora_config", "speculative_config", "additional_config", "attention_config",
+                   "kv_transfer_config")),
     # Patched at run time.
     REQUEST_BLOCK_HASHER,
     BAD_WORDS,

@@ -33,6 +33,21 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
         raise MiniPICConfigError(
             "MiniPIC does not support pipeline parallelism yet: use --pipeline-parallel-size 1"
         )
+    if vllm_config.parallel_config.tensor_parallel_size > 1:
+        raise MiniPICConfigError(
+            "MiniPIC does not support tensor parallelism yet: use --tensor-parallel-size 1 "
+            "(or several replicas with --data-parallel-size)"
+        )
+    if vllm_config.cache_config.kv_offloading_size is not None:
+        raise MiniPICConfigError(
+            "MiniPIC does not support KV offloading yet (--kv-offloading-size): a block reloaded from CPU "
+            "memory would be read with another block's record of where its keys were computed; drop the flag"
+        )
+    if vllm_config.kv_transfer_config is not None:
+        raise MiniPICConfigError(
+            "MiniPIC does not support KV connectors yet (--kv-transfer-config: LMCache, Mooncake, offloading, "
+            "P/D): blocks they load would be read with another block's record; drop the flag"
+        )
     if vllm_config.lora_config is not None:
         raise MiniPICConfigError("MiniPIC does not support LoRA adapters yet: remove --enable-lora")
     if vllm_config.speculative_config is not None:
