@@ -157,6 +157,9 @@ CASES = [
     Case("f32_short_table", [(20, 20), (12, 1)], table_rows=33,
          decode=AttentionConfig(16, 64, 4, 1, num_splits=1), seed=22),
     Case("f32_host_upper_bounds", DENSE, group=2, mode="dense", host_upper_bounds=40, seed=23),
+    # Many short prefills: tile ids leave gaps between requests, so the grid must cover them all.
+    Case("f32_many_short_prefills", [(96 + 16 * (i % 4) + i, 10) for i in range(16)], group=2, prefill=None,
+         decode=None, seed=26),
 ]
 
 

@@ -434,7 +434,10 @@ def launch(
     else:
         block_m = max(cfg.block_m, group_p)
         block_q = block_m // group_p
-        num_tiles = min(num_tokens // block_q + num_reqs, num_reqs * triton.cdiv(max_query_len, block_q))
+        # Request r's tiles start at program query_start_loc[r] // block_q + r (`_locate_tile`), so
+        # its last one is below num_tokens // block_q + num_reqs; counting tiles per request instead
+        # (num_reqs * cdiv(max_query_len, block_q)) left the last requests of many short ones out.
+        num_tiles = num_tokens // block_q + num_reqs
     if num_tiles == 0:
         return
     splits = 1
