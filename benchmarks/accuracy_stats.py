@@ -36,7 +36,10 @@ def paired_difference(both: int, only_a: int, only_b: int, neither: int) -> tupl
     l1, u1 = wilson(both + only_a, n)
     l2, u2 = wilson(both + only_b, n)
     margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
-    phi = (both * neither - only_a * only_b) / math.sqrt(margins) if margins else 0.0
+    association = both * neither - only_a * only_b
+    if association > 0:  # Newcombe's correction: without it, no discordant pair gives a zero-width interval
+        association = max(association - n / 2, 0)
+    phi = association / math.sqrt(margins) if margins else 0.0
     delta = p1 - p2
     low = delta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     high = delta + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
