@@ -116,7 +116,7 @@ async def run_pass(
     def record(event: RequestEvent) -> None:
         ledger.add(event.kind, event.prompt_tokens, event.cached_tokens)
 
-    technique = layout.technique(context) if layout.technique else BlockAttention()
+    technique = layout.technique(context) if layout.technique else BlockAttention()  # plain prompts ignore it
     requests = [RagRequest(p.task, p.docs if layout.passages else (), SYSTEM, technique=technique,
                            max_tokens=max_tokens) for p in prompts]  # fmt: skip
     strategy = Strategy.ISPS if layout.technique else Strategy.BASELINE

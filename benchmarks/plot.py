@@ -139,7 +139,7 @@ def accuracy_pareto(data: dict, out: Path) -> None:
             ax.errorbar(x, y, yerr=[[y - low], [high - y]], fmt="o", capsize=3)
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.axhline(info["chance"], color="grey", ls=":", lw=1, label=f"chance {info['chance']:.0%}")
-        ax.set_xlim(left=0)
+        ax.set_xlim(0, 1.2 * max(1.0, *(row["tokens"]["computed_vs_full"] for row in info["summary"].values())))
         ax.set_ylim(0, 1.02)
         ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.set_xlabel("prompt tokens computed / full attention's")
