@@ -3,7 +3,7 @@
 # ../shared/device/README.md). Carry: .devbundle/b, .devdata (Llama-3.1-8B config.json,
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
 # and .whl (py-spy, for --profile). Usage, from the repository root:
-#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel served [served args...]
+#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|accuracy [its args...]
 # Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
 # now + 570) bounds the step, so servers are always stopped before a device call's limit.
 set -u
@@ -48,6 +48,13 @@ test-gpu)
     status=$?
     tail -n 40 "$OUT/test-gpu.log"
     exit $status ;;
+accuracy)
+    # SmolLM2-135M-Instruct as `minipic fetch-model smollm2` converts it, at $ACCURACY_MODEL.
+    timeout "$left" python3 benchmarks/accuracy.py --model "${ACCURACY_MODEL:-/tmp/smollm2}" \
+        --passages /tmp/2wiki_passages.json --out "$OUT/accuracy-families-smollm2-h200.json" \
+        --log "$OUT/accuracy-server.log" \
+        --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
+        2>&1 | tee "$OUT/accuracy.log" | grep -v Warning ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernel|served|test-gpu [args...]"; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernel|served|test-gpu|accuracy [args...]"; exit 2 ;;
 esac

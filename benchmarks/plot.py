@@ -2,7 +2,8 @@
 
     python benchmarks/plot.py            # every figure whose JSON exists
 
-Each figure is drawn only from its JSON file, so a figure always shows a measured run.
+Each figure is drawn only from its JSON file, so a figure always shows a measured run; every
+``accuracy*.json`` of the family harness (benchmarks/accuracy.py) gets ``docs/<name>-pareto.png``.
 """
 
 from __future__ import annotations
@@ -126,6 +127,33 @@ def accuracy(data: dict, out: Path) -> None:
     fig.savefig(out)
 
 
+def accuracy_pareto(data: dict, out: Path) -> None:
+    """Per family: accuracy (Wilson 95%) against the prompt tokens the server computed, relative
+    to full attention; the layouts nearest the top left trade least accuracy for most reuse."""
+    families, meta = data["families"], data["meta"]
+    fig, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 4.4), dpi=110, squeeze=False)
+    for ax, (family, info) in zip(axes[0], families.items()):
+        for name, row in info["summary"].items():
+            x, y = row["tokens"]["computed_vs_full"], row["accuracy"]
+            low, high = row["accuracy_ci95"]
+            ax.errorbar(x, y, yerr=[[y - low], [high - y]], fmt="o", capsize=3)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.axhline(info["chance"], color="grey", ls=":", lw=1, label=f"chance {info['chance']:.0%}")
+        ax.set_xlim(0, 1.2 * max(1.0, *(row["tokens"]["computed_vs_full"] for row in info["summary"].values())))
+        ax.set_ylim(0, 1.02)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.set_xlabel("prompt tokens computed / full attention's")
+        ax.set_title(f"{family}: {info['summary']['full']['questions']} questions, "
+                     f"{info['reuse']['repeat_slot_share']:.0%} passages repeated", fontsize=9)  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("accuracy (95% interval)")
+    commit = (meta.get("commit") or "?")[:7] + ("+dirty" if meta.get("dirty") else "")
+    fig.suptitle(f"{meta['model']} on {meta['device']} (vLLM {meta['vllm']}, {commit})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out)
+
+
 def client_concurrency(data: dict, out: Path) -> None:
     rows = data["rows"]
     xs = [r["in_flight"] for r in rows]
@@ -164,6 +192,12 @@ def main() -> None:
         if path.exists():
             draw(json.loads(path.read_text()), args.docs / target)
             print(f"{path} -> {args.docs / target}")
+    for path in sorted(args.results.glob("accuracy*.json")):  # the family harness's results
+        data = json.loads(path.read_text())
+        if "families" in data:
+            target = args.docs / f"{path.stem}-pareto.png"
+            accuracy_pareto(data, target)
+            print(f"{path} -> {target}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,191 @@
+"""Prompt layouts of the accuracy harness, by name, and one pass of a layout over a question set.
+
+A layout is how the same passages and question become a prompt: plain (full attention) or
+one of the SDK's techniques. Adding a technique from `minipic_client` is one line::
+
+    register("refreshed_heads", "...", technique=lambda ctx: RefreshedHeads())
+
+`register_sdk` below does exactly that for techniques the installed SDK may not have yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+import minipic_client
+from minipic_client import BlockAttention, Epic, RagRequest, RequestEvent, SpanClient, Strategy, Tokenizer
+from minipic_client.prompt import Technique
+
+from accuracy_stats import TokenLedger
+
+SYSTEM = "Answer the question with a short phrase, using only the passages."
+
+
+@dataclass(frozen=True)
+class LayoutContext:
+    """What a technique may depend on: the server's block size, the longest passage of the run."""
+
+    block_size: int
+    longest_passage_tokens: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`technique` None: the plain prompt (full attention, no markers); `passages` False: the
+    question alone; `drop_pdep`: the technique's prompt without the question's PDep."""
+
+    description: str
+    technique: Callable[[LayoutContext], Technique] | None = None
+    passages: bool = True
+    drop_pdep: bool = False
+
+
+LAYOUTS: dict[str, Layout] = {}
+
+
+def register(name: str, description: str, **options: Any) -> None:
+    LAYOUTS[name] = Layout(description, **options)
+
+
+def register_sdk(name: str, class_name: str, description: str) -> None:
+    """Register ``minipic_client.<class_name>()`` if the installed SDK has it."""
+    technique = getattr(minipic_client, class_name, None)
+    if technique is not None:
+        register(name, description, technique=lambda ctx: technique())
+
+
+register("full", "plain prompt, no markers: full causal attention (vLLM prefix caching)")
+register("closed_book", "the question alone, without passages: what the model answers from memory", passages=False)
+register("pdep_passages", "every passage after a PDep and padded: full attention, with PIC's marker and pad tokens",
+         technique=lambda ctx: Epic(k=ctx.longest_passage_tokens // ctx.block_size + 1))  # fmt: skip
+register("block", "Block-Attention: each passage an SSep span (sees only itself); the question after a PDep sees all",
+         technique=lambda ctx: BlockAttention())  # fmt: skip
+register("block_no_pdep", "Block-Attention without PDep: the question joins the last span and sees only it",
+         technique=lambda ctx: BlockAttention(), drop_pdep=True)  # fmt: skip
+register("epic1", "EPIC/LegoLink, k=1: each passage's first block recomputed in context, the rest an SSep span",
+         technique=lambda ctx: Epic(k=1))  # fmt: skip
+register("epic2", "EPIC/LegoLink, k=2: each passage's first two blocks recomputed in context",
+         technique=lambda ctx: Epic(k=2))  # fmt: skip
+register_sdk("refreshed_heads", "RefreshedHeads",
+             "faithful EPIC from cached blocks: each passage's first block recomputed in context, "
+             "its cached copy hidden outside the passage")  # fmt: skip
+register_sdk("hidden_sink", "HiddenSink",
+             "Block-Attention with each passage's first block hidden from everything after its span")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One question as sent: its task and passage texts."""
+
+    task: str
+    docs: tuple[str, ...]
+
+
+@dataclass
+class PassResult:
+    """A pass's answers, its token ledger, its seconds; `server_computed`: the same computed
+    tokens from the server's own counters (None where it exports none)."""
+
+    texts: list[str]
+    ledger: TokenLedger
+    seconds: float
+    server_computed: int | None = None
+
+
+async def run_pass(
+    url: str,
+    layout: Layout,
+    prompts: Sequence[Prompt],
+    *,
+    tokenizer: Tokenizer,
+    context: LayoutContext,
+    cache_salt: str,
+    max_tokens: int,
+    **client_options: Any,
+) -> PassResult:
+    """Answer every prompt with `layout`, all in flight through one client (up to the server's
+    ``max_num_seqs``), under `cache_salt`: nothing an earlier pass cached can be hit."""
+    ledger = TokenLedger()
+
+    def record(event: RequestEvent) -> None:
+        ledger.add(event.kind, event.prompt_tokens, event.cached_tokens)
+
+    technique = layout.technique(context) if layout.technique else BlockAttention()  # plain prompts ignore it
+    requests = [RagRequest(p.task, p.docs if layout.passages else (), SYSTEM, technique=technique,
+                           max_tokens=max_tokens) for p in prompts]  # fmt: skip
+    strategy = Strategy.ISPS if layout.technique else Strategy.BASELINE
+    started = time.perf_counter()
+    async with SpanClient(url, tokenizer=tokenizer, cache_salt=cache_salt, on_request=record,
+                          **client_options) as client:  # fmt: skip
+        if layout.drop_pdep:
+            texts = await _without_pdep(client, url, requests, cache_salt, ledger)
+        else:
+            texts = [""] * len(requests)
+            async for i, outcome in client.rag_many(requests, strategy=strategy):
+                if isinstance(outcome, Exception):
+                    raise outcome
+                texts[i] = outcome.text
+    return PassResult(texts, ledger, time.perf_counter() - started)
+
+
+async def _without_pdep(
+    client: SpanClient, url: str, requests: Sequence[RagRequest], cache_salt: str, ledger: TokenLedger
+) -> list[str]:
+    """The SDK's prompts minus the question's PDep (the SDK never builds these): each span
+    prefilled once, then the final prompt, with the client's in-flight cap."""
+    slots = asyncio.Semaphore(client.info.max_num_seqs)
+    prefilled: dict[bytes, asyncio.Task[str]] = {}
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+
+        async def complete(kind: str, ids: Sequence[int], max_tokens: int) -> str:
+            body = {"model": client.info.model, "prompt": list(ids), "max_tokens": max_tokens,
+                    "temperature": 0.0, "cache_salt": cache_salt}  # fmt: skip
+            async with slots:
+                response = await http.post("/v1/completions", json=body)
+            response.raise_for_status()
+            payload = response.json()
+            usage = payload["usage"]
+            ledger.add(kind, usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+            return payload["choices"][0]["text"]
+
+        async def answer(request: RagRequest) -> str:
+            layout = client.rag_layout(request)
+            for p in layout.prefills:
+                if p.key not in prefilled:
+                    prefilled[p.key] = asyncio.create_task(complete(p.kind, p.token_ids, 1))
+            await asyncio.gather(*(prefilled[p.key] for p in layout.prefills))
+            ids = list(layout.token_ids)
+            ids.remove(client.info.pdep_token_id)  # the first PDep: the question's
+            return await complete("final", ids, request.max_tokens)
+
+        return list(await asyncio.gather(*map(answer, requests)))
+
+
+async def server_counters(url: str) -> tuple[float, float] | None:
+    """(prompt tokens, of them cached) the server counted so far (vLLM's Prometheus counters),
+    or None when it exports none."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        response = await http.get("/metrics")
+    if response.status_code != 200:
+        return None
+    return parse_counters(response.text)
+
+
+def parse_counters(text: str) -> tuple[float, float] | None:
+    """Sum ``vllm:prompt_tokens_total`` and ``vllm:prompt_tokens_cached_total`` over their labels."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        metric, _, value = line.rpartition(" ")
+        name = metric.split("{", 1)[0]
+        if name in ("vllm:prompt_tokens_total", "vllm:prompt_tokens_cached_total"):
+            totals[name] = totals.get(name, 0.0) + float(value)
+    if len(totals) < 2:
+        return None
+    return (totals["vllm:prompt_tokens_total"], totals["vllm:prompt_tokens_cached_total"])
