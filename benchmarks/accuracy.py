@@ -24,17 +24,15 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
-import platform
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from provenance import provenance
 
 from minipic_client import SpanClient, Tokenizer
 from minipic_server.launch import local_server
@@ -115,28 +113,6 @@ def _share(flags: Sequence[bool], where: Sequence[bool] | None = None) -> float 
     """Share of true `flags` (among those `where` marks)."""
     kept = list(flags) if where is None else [f for f, w in zip(flags, where) if w]
     return round(sum(kept) / len(kept), 4) if kept else None
-
-
-def provenance() -> dict[str, Any]:
-    """Commit (and whether the tree differs from it), versions, device, command line."""
-    import torch
-    import vllm
-
-    from minipic_server import __version__
-
-    def git(*argv: str) -> str | None:
-        try:
-            return subprocess.run(["git", *argv], capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
-        "argv": sys.argv, "vllm": vllm.__version__, "torch": torch.__version__, "minipic": __version__,
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "machine": f"{platform.machine()} {platform.processor()}, {len(os.sched_getaffinity(0))} CPUs",
-    }  # fmt: skip
 
 
 def main() -> None:

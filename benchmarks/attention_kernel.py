@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 import triton
+from provenance import provenance
 
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind, requests_with_windows, window_starts_per_block
@@ -419,6 +420,7 @@ def main() -> None:
     sections = set(args.sections.split(","))
     fa, fa_func, version = flash_attention()
     result: dict = {
+        "provenance": provenance(),
         "date": time.strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,

@@ -49,6 +49,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance  # noqa: E402
 from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
 from minipic_client import SpanClient  # noqa: E402
@@ -392,6 +393,7 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"note: no passage repeats in {args.samples} samples: span reuse cannot pay off "
               "(the paper's workload is 1,000 samples, 61% of passage uses distinct)", flush=True)  # fmt: skip
     result: dict = {
+        "provenance": provenance(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(sys.argv),
         "samples": args.samples,

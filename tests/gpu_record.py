@@ -8,33 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from provenance import provenance
 
 _outcomes: dict[str, dict[str, object]] = {}
 _started = time.time()
-
-
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def _versions() -> dict[str, str | None]:
-    import torch
-    import triton
-    import vllm
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"vllm": vllm.__version__, "torch": torch.__version__, "triton": triton.__version__, "gpu": gpu,
-            "python": platform.python_version()}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -46,15 +27,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    status = _git("status", "--porcelain")
     record = {
-        "commit": os.environ.get("MINIPIC_COMMIT") or _git("rev-parse", "HEAD"),
-        "dirty": os.environ.get("MINIPIC_DIRTY", "1" if status else "0") == "1",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "argv": sys.argv,
+        **provenance(),
         "exit_status": int(exitstatus),
         "seconds": round(time.time() - _started, 1),
-        "versions": _versions(),
         "passed": sum(1 for o in _outcomes.values() if o["outcome"] == "passed"),
         "failed": sum(1 for o in _outcomes.values() if o["outcome"] != "passed"),
         "tests": _outcomes,
