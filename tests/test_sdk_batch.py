@@ -152,22 +152,67 @@ async def test_bad_text_fails_its_own_sample_and_the_batch_goes_on(tmp_path, fak
     assert sorted(written) == ["a", "z"]
 
 
+RESULT = json.dumps({"id": "s0", "text": "t", "ttft_s": 0.1, "cached_tokens": 16, "prompt_tokens": 20})
+
+
 @pytest.mark.parametrize(
-    ("content", "line"),
+    ("content", "line", "reason"),
     [
-        (b'{"id": "s0"}\nsome log line\n', 2),
-        (b"my notes about the run, no newline", 1),  # 46 -> 19 bytes before: never again
-        (b'{"id": "s0"}\n{"text": "x"}\n', 2),
-        (b'{"id": "s0"}\nnotes', 2),
+        (f"{RESULT}\nsome log line\n", 2, "not a result line: is this"),
+        ("my notes about the run, no newline", 1, "not a result line: is this"),  # 46 -> 19 bytes before
+        (f"{RESULT}\n{{\"text\": \"x\"}}\n", 2, "not a result line \\(no 'id', 'ttft_s', "),
+        (f"{RESULT}\nnotes", 2, "not a result line: is this"),
+        # Sample lines carry an "id" too: before, these were resumed, their last line cut.
+        (f"{json.dumps(GOOD)}\n", 1, "not a result line \\(no 'text', 'ttft_s', 'cached_tokens', 'prompt_tokens'\\)"),
+        (f"{json.dumps(GOOD)}\n{json.dumps(GOOD)}", 1, "not a result line \\(no 'text'"),
+        (json.dumps(GOOD), 1, "not a result line \\(no 'text'"),  # one whole line without its newline
+        (json.dumps(GOOD)[:30], 1, "not a result line: is this"),  # a sample line cut short
+        ('{"id": "s', 1, "not a result line: is this"),  # too short to tell: not cut when alone
     ],
 )
-def test_a_foreign_output_file_is_refused_and_left_unchanged(tmp_path, content, line):
+def test_a_foreign_output_file_is_refused_and_left_unchanged(tmp_path, content, line, reason):
     output = tmp_path / "out.jsonl"
-    output.write_bytes(content)
-    with pytest.raises(BatchInputError, match=rf"out\.jsonl:{line}: not a result line"):
+    output.write_text(content)
+    with pytest.raises(BatchInputError, match=rf"out\.jsonl:{line}: {reason}"):
         with ResultFile(output):
             pass
-    assert output.read_bytes() == content
+    assert output.read_text() == content
+
+
+def test_a_copy_of_the_input_as_output_is_refused_with_one_line(tmp_path):
+    inp = samples_file(tmp_path / "in.jsonl", 5)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(inp.read_bytes())
+    result = run_cli("batch", str(inp), "--server", UNREACHABLE, "--output", str(copy))
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"error: {copy}:1: not a result line (no 'text', 'ttft_s', 'cached_tokens', 'prompt_tokens'): "
+        "is this the right --output file? (left unchanged)"
+    ]  # before: "resuming: 5 of 5 samples done", exit 0
+    assert copy.read_bytes() == inp.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("tail", "kept"),
+    [
+        ('{"id": "s1", "text": "half an ans', ""),  # a kill cut the first line: cut off
+        (RESULT.replace("s0", "s1"), RESULT.replace("s0", "s1") + "\n"),  # whole, newline missing: kept
+    ],
+)
+def test_a_last_line_is_cut_only_when_it_is_a_result_cut_short(tmp_path, tail, kept):
+    output = tmp_path / "out.jsonl"
+    output.write_text(tail)
+    with ResultFile(output) as results:
+        assert results.done == ({"s1"} if kept else set())
+    assert output.read_text() == kept
+
+
+def test_results_of_another_input_are_refused(tmp_path):
+    samples = read_samples(samples_file(tmp_path / "in.jsonl", 2), max_tokens=2)
+    output = tmp_path / "out.jsonl"
+    output.write_text(RESULT.replace('"s0"', '"other"') + "\n")
+    with ResultFile(output) as results, pytest.raises(InputFileError, match="all of other samples' ids"):
+        results.pending(samples)
 
 
 def test_an_output_that_is_the_input_is_refused_before_anything_changes(tmp_path):

@@ -36,8 +36,9 @@ from minipic_client.tokens import unicode_problem
 
 SampleId = str | int
 
-# How every result line starts (json.dumps of a dict whose first key is "id"):
-# a last line cut short by a kill is recognised by it.
+# The fields every result line has, first "id" then "text" (json.dumps keeps this order):
+# a file is a result file only when each of its lines has them all.
+_RESULT_KEYS = ("id", "text", "ttft_s", "cached_tokens", "prompt_tokens")
 _RESULT_START = b'{"id": '
 
 
@@ -207,7 +208,13 @@ class ResultFile:
             self._lock.release()
 
     def pending(self, samples: Sequence[Sample]) -> list[Sample]:
-        """The samples whose ids are not in the file yet."""
+        """The samples whose ids are not in the file yet; a file whose results are
+        all of other samples is refused (another input's output)."""
+        ids = {sample.id for sample in samples}
+        if self.done and not self.done & ids:
+            raise InputFileError(
+                str(self.path), f"its {len(self.done)} results are all of other samples' ids: {_NOT_OURS_HINT}"
+            )
         return [sample for sample in samples if sample.id not in self.done]
 
     def append(self, sample_id: SampleId, result: RagResult) -> None:
@@ -219,25 +226,61 @@ class ResultFile:
 
 
 def _finished_ids(path: Path, f: IO[bytes]) -> set[SampleId]:
-    """Ids in a result file, cutting off a last line that a kill left short, but only
-    once every other line is proven to be a result."""
+    """Ids in a result file. Every complete line must be a result; a last line
+    without its newline must be a result (kept, the newline added) or the start of
+    one that a kill cut short (cut off). Anything else is refused, the file unchanged."""
     data = f.read()
     end = data.rfind(b"\n") + 1
     done: set[SampleId] = set()
     for number, line in enumerate(data[:end].splitlines(), 1):
-        try:
-            done.add(json.loads(line)["id"])
-        except (ValueError, KeyError, TypeError):
-            raise BatchInputError(str(path), number, _NOT_OURS) from None
+        done.add(_result_id(path, number, line))
     tail = data[end:]
-    if tail:
-        if not (tail.startswith(_RESULT_START) or _RESULT_START.startswith(tail)):
-            raise BatchInputError(str(path), data.count(b"\n") + 1, _NOT_OURS)
+    if not tail:
+        return done
+    number = data.count(b"\n") + 1
+    try:
+        json.loads(tail)
+    except ValueError:  # not a whole JSON value: a line cut short, if it starts like one of ours
+        if not _cut_short_result(tail, after_results=bool(done)):
+            raise BatchInputError(str(path), number, _NOT_OURS) from None
         f.truncate(end)
+        return done
+    done.add(_result_id(path, number, tail))
+    f.write(b"\n")
     return done
 
 
-_NOT_OURS = "not a result line: is this the right --output file? (left unchanged)"
+def _result_id(path: Path, number: int, line: bytes) -> SampleId:
+    """The id of a result line; raises `BatchInputError` for any other line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        raise BatchInputError(str(path), number, _NOT_OURS) from None
+    missing = [key for key in _RESULT_KEYS if not isinstance(record, dict) or key not in record]
+    if missing:
+        fields = ", ".join(repr(key) for key in missing)
+        raise BatchInputError(str(path), number, f"not a result line (no {fields}): {_NOT_OURS_HINT}")
+    sample_id: SampleId = record["id"]
+    return sample_id
+
+
+def _cut_short_result(tail: bytes, *, after_results: bool) -> bool:
+    """Whether `tail` is a result line a kill cut short. After proven result lines,
+    any start of ``{"id": `` will do; alone in the file, it must reach ``"text": ``,
+    which a sample line (id, then system/docs/task) never has there."""
+    if not tail.startswith(_RESULT_START):
+        return after_results and _RESULT_START.startswith(tail)
+    text = tail.decode("utf-8", "replace")  # a kill may cut a character in two
+    try:
+        _, at = json.JSONDecoder().raw_decode(text, len(_RESULT_START))
+    except ValueError:  # the id itself was cut short
+        return after_results
+    rest = text[at:]
+    return rest.startswith(', "text": ') or (after_results and ', "text": '.startswith(rest))
+
+
+_NOT_OURS_HINT = "is this the right --output file? (left unchanged)"
+_NOT_OURS = f"not a result line: {_NOT_OURS_HINT}"
 
 
 def _same_file(a: Path, b: Path) -> bool:
