@@ -250,6 +250,19 @@ def test_an_unwritable_output_is_one_line_before_connecting(tmp_path, target, re
     assert not (tmp_path / "missing-dir").exists()
 
 
+def test_a_salt_the_server_would_refuse_is_one_line_before_anything(tmp_path):
+    inp = samples_file(tmp_path / "in.jsonl", 2)
+    output = tmp_path / "out.jsonl"
+    result = run_cli("batch", str(inp), "--server", UNREACHABLE, "--output", str(output),
+                     "--cache-salt", "alice@example.com")
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        "error: cache_salt 'alice@example.com' has '@' at character 5: a salt is 1-128 characters "
+        "without '@', '/', '\\' or NUL (the server's rule)"
+    ]  # before: every request failed with HTTP 400
+    assert not output.exists()
+
+
 def test_a_document_that_is_not_utf8_is_named_before_connecting(tmp_path):
     doc = tmp_path / "latin1.txt"
     doc.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))

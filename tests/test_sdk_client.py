@@ -24,6 +24,7 @@ from minipic_client import (
     Strategy,
     Text,
 )
+from minipic_client.client import check_cache_salt
 
 if TYPE_CHECKING:
     from sdk_fixtures import FakeServer, Recorded
@@ -169,6 +170,33 @@ async def test_prompt_checks_fail_before_sending(fake_server, fake_client):
     assert fake_server.requests == []
     with pytest.raises(ConfigError, match="max_in_flight must be at least 1"):
         fake_client(max_in_flight=0)
+
+
+BAD_SALTS = ["alice@example.com", "a/b", "back\\slash", "nul\x00", "x" * 129]
+
+
+@pytest.mark.parametrize("salt", BAD_SALTS)
+async def test_a_salt_the_server_would_refuse_fails_once_before_sending(fake_server, fake_client, salt):
+    with pytest.raises(PromptError, match=r"cache_salt .*a salt is 1-128 characters without '@', '/'"):
+        fake_client(cache_salt=salt)
+    async with fake_client() as client:
+        with pytest.raises(PromptError, match="the server's rule"):
+            await client.rag(docs=["fine"], task="q", cache_salt=salt)
+    assert fake_server.requests == []
+
+
+@pytest.mark.parametrize("salt", [*BAD_SALTS, "tenant-a", "x" * 128, "é:ok"])
+def test_the_salt_rule_is_vllms(salt):
+    from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+
+    def refused(check) -> bool:
+        try:
+            check(salt)
+        except Exception:  # PromptError; vLLM's VLLMValidationError
+            return True
+        return False
+
+    assert refused(check_cache_salt) == refused(validate_cache_salt)
 
 
 async def test_cache_salts_go_with_every_request_and_keep_prefills_apart(fake_server, fake_client):

@@ -124,10 +124,11 @@ def batch(
     from rich.console import Console
 
     from minipic_client.batch import ResultFile, read_samples
-    from minipic_client.client import SpanClient
+    from minipic_client.client import SpanClient, check_cache_salt
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with _errors_reported():
+        check_cache_salt(cache_salt)  # before the output file is created
         samples = read_samples(input_path, max_tokens=max_tokens)
         # Locked and checked before connecting: a wrong or busy --output fails at once.
         with ResultFile(output, input_path=input_path) as results:

@@ -191,7 +191,7 @@ class SpanClient:
     ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be at least 1, got {max_in_flight}")
-        _check_salt(cache_salt)
+        check_cache_salt(cache_salt)
         self._http = httpx.AsyncClient(
             base_url=root_url(base_url), transport=transport or pooled_transport(), timeout=timeout
         )
@@ -403,7 +403,7 @@ class SpanClient:
             raise PromptError(f"unknown module {name!r}: register it with add_module()") from None
 
     def _salt(self, cache_salt: str | None) -> str | None:
-        _check_salt(cache_salt)
+        check_cache_salt(cache_salt)
         return self._cache_salt if cache_salt is None else cache_salt
 
     def _job(self, request: RagRequest, strategy: Strategy) -> _Job:
@@ -531,7 +531,22 @@ def pooled_transport() -> httpx.AsyncBaseTransport:
     return AiohttpTransport(limits=httpx.Limits(max_connections=0, keepalive_expiry=2.0))
 
 
-def _check_salt(cache_salt: str | None) -> None:
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+# vLLM's rule for salts (`validate_cache_salt`): checked here so that a bad salt fails
+# once, before sending, instead of every request with HTTP 400.
+MAX_CACHE_SALT_CHARS = 128
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def check_cache_salt(cache_salt: str | None) -> None:
+    """Raise `PromptError` naming what makes `cache_salt` one the server would refuse."""
+    if cache_salt is None:
+        return
+    if not isinstance(cache_salt, str) or not cache_salt:
         raise PromptError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
+    rule = f"a salt is 1-{MAX_CACHE_SALT_CHARS} characters without '@', '/', '\\' or NUL (the server's rule)"
+    if len(cache_salt) > MAX_CACHE_SALT_CHARS:
+        raise PromptError(f"cache_salt has {len(cache_salt)} characters: {rule}")
+    bad = next((i for i, char in enumerate(cache_salt) if char in _SALT_FORBIDDEN), None)
+    if bad is not None:
+        raise PromptError(f"cache_salt {cache_salt!r} has {cache_salt[bad]!r} at character {bad}: {rule}")
 
