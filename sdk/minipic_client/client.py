@@ -423,7 +423,7 @@ class SpanClient:
             return await self._collect(job, started)
         except StreamInterruptedError as exc:
             logger.warning("%s: sending it again", exc)
-        return await self._conn.retry.retrying((StreamInterruptedError,))(self._collect, job, started)
+        return await self._conn.retry.retrying(self._conn.log, (StreamInterruptedError,))(self._collect, job, started)
 
     async def _collect(self, job: _Job, started: float) -> RagResult:
         completion = _Completion()
