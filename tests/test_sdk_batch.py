@@ -104,8 +104,14 @@ async def test_a_killed_run_resumes_with_every_id_exactly_once(tmp_path, fake_se
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(s.id for s in samples)
     assert summary.completed == 6 and summary.failed == 0
-    assert set(records[0]) == {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens"}
-    assert 0 < summary.cached_fraction < 1
+    assert set(records[0]) == {
+        "id", "text", "ttft_s", "cached_tokens", "prompt_tokens", "computed_tokens", "reused_tokens"
+    }
+    run = [r for r in records if r["id"] not in finished]
+    # isps sends each prefill for one sample: the run's count is the sum of its samples'.
+    assert summary.computed_tokens == sum(r["computed_tokens"] for r in run)
+    assert summary.prompt_tokens == sum(r["prompt_tokens"] for r in run)
+    assert 0 < summary.reused_fraction < 1
 
 
 async def test_a_rejected_sample_is_left_for_the_next_run(tmp_path, fake_server, fake_client):

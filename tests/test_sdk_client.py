@@ -54,6 +54,25 @@ async def test_rag_reports_prefix_and_documents_cached(fake_server, fake_client)
     assert [r.kind for r in fake_server.requests] == ["prefix", "span", "span", "final", "final"]
 
 
+async def test_a_call_reports_the_tokens_it_made_the_server_compute(fake_server, fake_client):
+    async with fake_client() as client:
+        cold = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q", max_tokens=1)
+        warm = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q", max_tokens=1)
+        cacheable = client.rag_layout(RagRequest("q", DOCS[:2], SYSTEM)).cacheable_tokens
+        assert client.computed_tokens == cold.computed_tokens + warm.computed_tokens
+    assert cold.cached_tokens == warm.cached_tokens == cacheable  # what the final prompt alone says
+    assert (cold.computed_tokens, cold.reused_tokens) == (cold.prompt_tokens, 0)  # prefills included
+    assert (warm.computed_tokens, warm.reused_tokens) == (warm.prompt_tokens - cacheable, cacheable)
+
+
+async def test_a_call_that_waited_on_anothers_prefill_did_not_pay_for_it(fake_server, fake_client):
+    fake_server.delay_s = 0.005
+    async with fake_client() as client:
+        a, b = await asyncio.gather(*(client.rag(system=SYSTEM, docs=DOCS[:2], task=t, max_tokens=1)
+                                      for t in ("qa", "qb")))
+    assert sorted([a.reused_tokens, b.reused_tokens]) == [0, a.cached_tokens]
+
+
 async def test_concurrent_calls_share_one_prefill_per_document(fake_server, fake_client):
     fake_server.delay_s = 0.005
     events: list[RequestEvent] = []

@@ -54,13 +54,18 @@ class Sample:
 
 @dataclass(slots=True)
 class BatchSummary:
-    """What a run did; rates and percentiles cover this run's samples only."""
+    """What a run did; rates and percentiles cover this run's samples only.
+
+    `prompt_tokens`: the final prompts' tokens; `computed_tokens`: what the server
+    computed for the run, span prefills included (None: it reports no cache hits).
+    The rest of the final prompts' tokens came from the cache (`reused_fraction`).
+    """
 
     completed: int = 0
     failed: int = 0
     elapsed_s: float = 0.0
     prompt_tokens: int = 0
-    cached_tokens: int = 0
+    computed_tokens: int | None = None
     ttfts_s: list[float] = field(default_factory=list)
 
     @property
@@ -68,8 +73,10 @@ class BatchSummary:
         return self.completed / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
-    def cached_fraction(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    def reused_fraction(self) -> float | None:
+        if self.computed_tokens is None or not self.prompt_tokens:
+            return None
+        return max(self.prompt_tokens - self.computed_tokens, 0) / self.prompt_tokens
 
     def ttft_percentile(self, percent: int) -> float | None:
         if len(self.ttfts_s) < 2:
@@ -324,6 +331,8 @@ async def run_batch(
             return await run_batch(client, samples, opened, strategy=strategy, window=window, on_done=on_done)
     summary = BatchSummary()
     started = time.perf_counter()
+    computed_before = client.computed_tokens
+    reports_cache = True
     sendable = []
     for sample in samples:
         if sample.error is None:
@@ -344,11 +353,13 @@ async def run_batch(
                 results.append(sample.id, outcome)
                 summary.completed += 1
                 summary.prompt_tokens += outcome.prompt_tokens
-                summary.cached_tokens += outcome.cached_tokens or 0
+                reports_cache = reports_cache and outcome.cached_tokens is not None
                 summary.ttfts_s.append(outcome.ttft_s)
             if on_done is not None:
                 on_done(sample, outcome)
     summary.elapsed_s = time.perf_counter() - started
+    # The client's count, not the samples' sum: `batched` sends a window's prefills for no one sample.
+    summary.computed_tokens = client.computed_tokens - computed_before if reports_cache else None
     return summary
 
 
@@ -359,5 +370,7 @@ def _record(sample_id: SampleId, result: RagResult) -> dict[str, object]:
         "ttft_s": round(result.ttft_s, 6),
         "cached_tokens": result.cached_tokens,
         "prompt_tokens": result.prompt_tokens,
+        "computed_tokens": result.computed_tokens,
+        "reused_tokens": result.reused_tokens,
     }
 

@@ -107,8 +107,8 @@ def batch(
     server: str = _SERVER,
     output: Path = typer.Option(
         ..., "--output", "-o", dir_okay=False,
-        help='Results, one {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens"} per line; '
-        "re-running with the same file resumes it.",
+        help='Results, one {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens", "computed_tokens", '
+        '"reused_tokens"} per line; re-running with the same file resumes it.',
     ),
     strategy: Strategy = typer.Option(
         Strategy.ISPS, help="Scheduling; baseline sends plain prompts (PIC off)."
@@ -145,11 +145,21 @@ def batch(
     failed = f"; [red]{summary.failed} failed[/red]" if summary.failed else ""
     console.print(
         f"{summary.completed} samples in {summary.elapsed_s:.1f} s: "
-        f"{summary.samples_per_s:.2f} samples/s, {summary.cached_fraction:.1%} of prompt tokens "
-        f"cached, {ttft}{failed}"
+        f"{summary.samples_per_s:.2f} samples/s, {_cost(summary)}, {ttft}{failed}"
     )
     if summary.failed:
         raise typer.Exit(1)
+
+
+def _cost(summary: BatchSummary) -> str:
+    """The run's prompt tokens: how many the server computed, how many came from the cache."""
+    reused = summary.reused_fraction
+    if summary.computed_tokens is None or reused is None:
+        return f"{summary.prompt_tokens:,} prompt tokens (the server reports no cache hits)"
+    return (
+        f"{summary.computed_tokens:,} prompt tokens computed (span prefills included), "
+        f"{reused:.1%} of {summary.prompt_tokens:,} from the cache"
+    )
 
 
 async def _batch(
@@ -208,8 +218,8 @@ def rag(
         result = asyncio.run(answer(client, [_read_document(path) for path in doc]))
     typer.echo(result.text)
     Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"TTFT {result.ttft_s:.3f} s, {result.cached_tokens} of {result.prompt_tokens} "
-        "prompt tokens cached",
+        f"TTFT {result.ttft_s:.3f} s, {result.prompt_tokens} prompt tokens: {result.computed_tokens} computed "
+        f"(span prefills included), {result.reused_tokens} from the cache",
         style="dim",
     )
 

@@ -68,7 +68,14 @@ class RagRequest:
 @dataclass(frozen=True, slots=True)
 class RagResult:
     """A completion. `ttft_s` runs from the call (or, in `rag_many`, from the
-    sample's start) to the first generated token, prefills and queueing included."""
+    sample's start) to the first generated token, prefills and queueing included.
+
+    What the call cost: `computed_tokens` are the prompt tokens the server computed
+    for it (the span prefills it sent and its final prompt's uncached tokens, as the
+    server reported them); `reused_tokens` are the final prompt's other tokens, computed
+    before the call. `cached_tokens` is the final prompt's own cache hit, which counts
+    the spans this call just prefilled too. None: the server reports no cache hits.
+    """
 
     text: str
     token_ids: list[int]
@@ -76,6 +83,13 @@ class RagResult:
     cached_tokens: int | None
     prompt_tokens: int
     finish_reason: str | None
+    computed_tokens: int | None = None
+
+    @property
+    def reused_tokens(self) -> int | None:
+        if self.computed_tokens is None:
+            return None
+        return max(self.prompt_tokens - self.computed_tokens, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +116,7 @@ class _Completion:
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
+        self.prefill_computed: int | None = 0  # what the call's own prefills computed
 
     def add(self, event: dict[str, Any]) -> str:
         """Take one stream event; return its text delta."""
@@ -119,13 +134,19 @@ class _Completion:
 
     def result(self, started: float, layout: PromptLayout) -> RagResult:
         first = self.first_token_at if self.first_token_at is not None else time.perf_counter()
+        cached = self.usage.cached_tokens if self.usage else None
+        prompt_tokens = self.usage.prompt_tokens if self.usage else len(layout.token_ids)
+        computed = None
+        if cached is not None and self.prefill_computed is not None:
+            computed = self.prefill_computed + prompt_tokens - cached
         return RagResult(
             text="".join(self.text),
             token_ids=self.token_ids,
             ttft_s=first - started,
-            cached_tokens=self.usage.cached_tokens if self.usage else None,
-            prompt_tokens=self.usage.prompt_tokens if self.usage else len(layout.token_ids),
+            cached_tokens=cached,
+            prompt_tokens=prompt_tokens,
             finish_reason=self.finish_reason,
+            computed_tokens=computed,
         )
 
 
@@ -260,6 +281,12 @@ class SpanClient:
     @property
     def tokenizer(self) -> Tokenizer:
         return self._live.tokenizer
+
+    @property
+    def computed_tokens(self) -> int:
+        """Prompt tokens the server computed (not cached) for this client's requests so far,
+        span prefills included: what a run cost, as the server reported it."""
+        return self._live.scheduler.computed_tokens
 
     @property
     def _live(self) -> _Session:
@@ -437,7 +464,7 @@ class SpanClient:
         prompt streamed into `completion`, yielding text deltas; a cached shortfall
         makes the client check whether the server restarted."""
         scheduler = self._live.scheduler
-        await scheduler.prefill(job.prefills)
+        completion.prefill_computed = await scheduler.prefill(job.prefills)
         events = scheduler.stream(
             job.layout.token_ids,
             max_tokens=job.max_tokens,
