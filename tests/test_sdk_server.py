@@ -204,6 +204,22 @@ async def test_span_rag_answers_through_langchain_and_duck_typed_retrievers(pic_
             assert len(result.token_ids) == 3
             assert result.cached_tokens == expected
 
+    # Blocking, streamed, through a new client that SpanRAG connects on its own loop thread.
+    rag = SpanRAG(ListRetriever(texts=docs), SpanClient(pic_server.url), system=SYSTEM,
+                  task_template="Question: {question}", max_tokens=3)
+    try:
+        chunks = await asyncio.to_thread(lambda: list(rag.stream("which mill?")))
+        invoked = await asyncio.to_thread(rag.invoke, "which mill?")
+    finally:
+        await asyncio.to_thread(rag.close)
+    assert [len(c.token_ids) for c in chunks] == [1, 1, 1, 0]  # a chunk per token, then the usage
+    whole = sum(chunks[1:], chunks[0])
+    assert whole.token_ids == invoked.token_ids == result.token_ids and whole.text == invoked.text
+    assert whole.cached_tokens == invoked.cached_tokens == expected
+    # The new client sent its prefills again (vLLM recomputes a fully cached prompt's last
+    # block); the second call sent none, so it reused every cached token.
+    assert whole.computed_tokens > invoked.computed_tokens and invoked.reused_tokens == expected
+
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "minipic_client.cli", *args]

@@ -91,6 +91,19 @@ class RagResult:
             return None
         return max(self.prompt_tokens - self.computed_tokens, 0)
 
+    def __add__(self, other: RagResult) -> RagResult:
+        """Stream chunks (`SpanClient.rag_chunks`) add up to the whole result, as LangChain
+        adds a stream's chunks: text and token ids concatenated, the last chunk's usage."""
+        return RagResult(
+            text=self.text + other.text,
+            token_ids=[*self.token_ids, *other.token_ids],
+            ttft_s=self.ttft_s,
+            cached_tokens=other.cached_tokens if other.cached_tokens is not None else self.cached_tokens,
+            prompt_tokens=other.prompt_tokens or self.prompt_tokens,
+            finish_reason=other.finish_reason or self.finish_reason,
+            computed_tokens=other.computed_tokens if other.computed_tokens is not None else self.computed_tokens,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class _Job:
@@ -402,10 +415,30 @@ class SpanClient:
         request = RagRequest(
             task, docs, system, modules, technique, raw, max_tokens, temperature, cache_salt
         )
-        async with aclosing(self._answer(self._job(request, strategy), _Completion())) as deltas:
+        async with aclosing(self.rag_chunks(request, strategy=strategy)) as chunks:
+            async for chunk in chunks:
+                if chunk.text:
+                    yield chunk.text
+
+    async def rag_chunks(
+        self, request: RagRequest, *, strategy: Strategy = Strategy.ISPS
+    ) -> AsyncGenerator[RagResult, None]:
+        """`rag_stream` as `RagResult` chunks that add up (``+``) to `rag`'s result: one per
+        text delta (its text and token ids), then an empty one with the usage and finish
+        reason. Like `rag_stream`, not sent again once the first chunk is out."""
+        started = time.perf_counter()
+        job = self._job(request, strategy)
+        completion = _Completion()
+        seen = 0
+        async with aclosing(self._answer(job, completion)) as deltas:
             async for delta in deltas:
-                if delta:
-                    yield delta
+                ids, seen = completion.token_ids[seen:], len(completion.token_ids)
+                if delta or ids:
+                    ttft = (completion.first_token_at or time.perf_counter()) - started
+                    yield RagResult(delta, ids, ttft, None, 0, None)
+        last = completion.result(started, job.layout)
+        yield RagResult("", [], last.ttft_s, last.cached_tokens, last.prompt_tokens, last.finish_reason,
+                        last.computed_tokens)
 
     async def rag_many(
         self,
