@@ -112,6 +112,7 @@ async def test_a_killed_run_resumes_with_every_id_exactly_once(tmp_path, fake_se
     assert summary.computed_tokens == sum(r["computed_tokens"] for r in run)
     assert summary.prompt_tokens == sum(r["prompt_tokens"] for r in run)
     assert 0 < summary.reused_fraction < 1
+    assert summary.cached_fraction > summary.reused_fraction  # re-sent prefills cost their last block
 
 
 async def test_a_rejected_sample_is_left_for_the_next_run(tmp_path, fake_server, fake_client):

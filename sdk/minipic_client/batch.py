@@ -56,21 +56,27 @@ class Sample:
 class BatchSummary:
     """What a run did; rates and percentiles cover this run's samples only.
 
-    `prompt_tokens`: the final prompts' tokens; `computed_tokens`: what the server
-    computed for the run, span prefills included (None: it reports no cache hits).
-    The rest of the final prompts' tokens came from the cache (`reused_fraction`).
+    `prompt_tokens`: the final prompts' tokens; `cached_tokens`: their cache hits,
+    the spans this run prefilled for them included; `computed_tokens`: what the
+    server computed for the run, span prefills included (None: it reports no cache
+    hits). The rest of the final prompts' tokens came from the cache (`reused_fraction`).
     """
 
     completed: int = 0
     failed: int = 0
     elapsed_s: float = 0.0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     computed_tokens: int | None = None
     ttfts_s: list[float] = field(default_factory=list)
 
     @property
     def samples_per_s(self) -> float:
         return self.completed / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def cached_fraction(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
     def reused_fraction(self) -> float | None:
@@ -353,6 +359,7 @@ async def run_batch(
                 results.append(sample.id, outcome)
                 summary.completed += 1
                 summary.prompt_tokens += outcome.prompt_tokens
+                summary.cached_tokens += outcome.cached_tokens or 0
                 reports_cache = reports_cache and outcome.cached_tokens is not None
                 summary.ttfts_s.append(outcome.ttft_s)
             if on_done is not None:
