@@ -284,3 +284,13 @@ def test_summary_percentiles():
     assert summary.ttft_percentile(50) == pytest.approx(0.505)
     assert summary.ttft_percentile(99) == pytest.approx(0.9901)
     assert BatchSummary().ttft_percentile(50) is None
+
+
+def test_the_summary_says_what_the_run_computed_and_took_from_the_cache():
+    from minipic_client.cli import _cost
+
+    assert _cost(BatchSummary(prompt_tokens=26_760, computed_tokens=3_212)) == (
+        "3,212 prompt tokens computed (span prefills included), 88.0% of 26,760 from the cache"
+    )
+    assert _cost(BatchSummary(computed_tokens=0)).endswith("0.0% of 0 from the cache")  # nothing left to run
+    assert _cost(BatchSummary(prompt_tokens=10)) == "10 prompt tokens (the server reports no cache hits)"

@@ -157,12 +157,11 @@ def batch(
 
 def _cost(summary: BatchSummary) -> str:
     """The run's prompt tokens: how many the server computed, how many came from the cache."""
-    reused = summary.reused_fraction
-    if summary.computed_tokens is None or reused is None:
+    if summary.computed_tokens is None:
         return f"{summary.prompt_tokens:,} prompt tokens (the server reports no cache hits)"
     return (
         f"{summary.computed_tokens:,} prompt tokens computed (span prefills included), "
-        f"{reused:.1%} of {summary.prompt_tokens:,} from the cache"
+        f"{summary.reused_fraction or 0.0:.1%} of {summary.prompt_tokens:,} from the cache"
     )
 
 
