@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 import triton
-from provenance import provenance
 
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind, requests_with_windows, window_starts_per_block
@@ -42,6 +41,8 @@ from minipic_kernels.block_origins import key_shifts, misplaced_requests
 from minipic_kernels.reference import paged_rope_attention_reference, rotate
 from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch
 from minipic_kernels.warmup import LayerShape, warm_up
+
+from provenance import provenance
 
 DEVICE = torch.device("cuda")
 

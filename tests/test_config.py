@@ -45,6 +45,9 @@ def test_section_parsing_names_the_problem() -> None:
         PicConfig.from_section({**MARKERS, "sep": 1})
     with pytest.raises(MiniPICConfigError, match="non-negative integer"):
         PicConfig(-1, 2, 3)
+    with pytest.raises(MiniPICConfigError, match="require_cache_salt must be true or false, got 'yes'"):
+        PicConfig.from_section({**MARKERS, "require_cache_salt": "yes"})
+    assert PicConfig.from_section({**MARKERS, "require_cache_salt": True}).require_cache_salt
 
 
 def test_activation_is_part_of_vllms_config_hash(tiny_model_dir: Path) -> None:
@@ -82,6 +85,9 @@ def test_serve_merges_the_minipic_section_into_the_users_additional_config(tiny_
     assert parse_serve(tiny_model_dir, "--additional-config.x", "1").additional_config == config
     user = parse_serve(tiny_model_dir, "--additional-config", '{"minipic": {"pad_token_id": 9}, "y": [1]}')
     assert user.additional_config == {"y": [1], "minipic": {**MARKERS, "pad_token_id": 9}}
+    salted = serve_args(vllm_serve_parser({})[0], str(tiny_model_dir), [], MarkerIds(**MARKERS),
+                        require_cache_salt=True)
+    assert salted.additional_config == {"minipic": {**MARKERS, "require_cache_salt": True}}
 
 
 def test_serve_picks_markers_from_the_tokenizer_vllm_will_load(tiny_model_dir: Path) -> None:

@@ -68,7 +68,14 @@ class RagRequest:
 @dataclass(frozen=True, slots=True)
 class RagResult:
     """A completion. `ttft_s` runs from the call (or, in `rag_many`, from the
-    sample's start) to the first generated token, prefills and queueing included."""
+    sample's start) to the first generated token, prefills and queueing included.
+
+    What the call cost: `computed_tokens` are the prompt tokens the server computed
+    for it (the span prefills it sent and its final prompt's uncached tokens, as the
+    server reported them); `reused_tokens` are the final prompt's other tokens, computed
+    before the call. `cached_tokens` is the final prompt's own cache hit, which counts
+    the spans this call just prefilled too. None: the server reports no cache hits.
+    """
 
     text: str
     token_ids: list[int]
@@ -76,6 +83,26 @@ class RagResult:
     cached_tokens: int | None
     prompt_tokens: int
     finish_reason: str | None
+    computed_tokens: int | None = None
+
+    @property
+    def reused_tokens(self) -> int | None:
+        if self.computed_tokens is None:
+            return None
+        return max(self.prompt_tokens - self.computed_tokens, 0)
+
+    def __add__(self, other: RagResult) -> RagResult:
+        """Stream chunks (`SpanClient.rag_chunks`) add up to the whole result, as LangChain
+        adds a stream's chunks: text and token ids concatenated, the last chunk's usage."""
+        return RagResult(
+            text=self.text + other.text,
+            token_ids=[*self.token_ids, *other.token_ids],
+            ttft_s=self.ttft_s,
+            cached_tokens=other.cached_tokens if other.cached_tokens is not None else self.cached_tokens,
+            prompt_tokens=other.prompt_tokens or self.prompt_tokens,
+            finish_reason=other.finish_reason or self.finish_reason,
+            computed_tokens=other.computed_tokens if other.computed_tokens is not None else self.computed_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +129,7 @@ class _Completion:
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
+        self.prefill_computed: int | None = 0  # what the call's own prefills computed
 
     def add(self, event: dict[str, Any]) -> str:
         """Take one stream event; return its text delta."""
@@ -119,13 +147,19 @@ class _Completion:
 
     def result(self, started: float, layout: PromptLayout) -> RagResult:
         first = self.first_token_at if self.first_token_at is not None else time.perf_counter()
+        cached = self.usage.cached_tokens if self.usage else None
+        prompt_tokens = self.usage.prompt_tokens if self.usage else len(layout.token_ids)
+        computed = None
+        if cached is not None and self.prefill_computed is not None:
+            computed = self.prefill_computed + prompt_tokens - cached
         return RagResult(
             text="".join(self.text),
             token_ids=self.token_ids,
             ttft_s=first - started,
-            cached_tokens=self.usage.cached_tokens if self.usage else None,
-            prompt_tokens=self.usage.prompt_tokens if self.usage else len(layout.token_ids),
+            cached_tokens=cached,
+            prompt_tokens=prompt_tokens,
             finish_reason=self.finish_reason,
+            computed_tokens=computed,
         )
 
 
@@ -191,7 +225,7 @@ class SpanClient:
     ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be at least 1, got {max_in_flight}")
-        _check_salt(cache_salt)
+        check_cache_salt(cache_salt)
         self._http = httpx.AsyncClient(
             base_url=root_url(base_url), transport=transport or pooled_transport(), timeout=timeout
         )
@@ -260,6 +294,12 @@ class SpanClient:
     @property
     def tokenizer(self) -> Tokenizer:
         return self._live.tokenizer
+
+    @property
+    def computed_tokens(self) -> int:
+        """Prompt tokens the server computed (not cached) for this client's requests so far,
+        span prefills included: what a run cost, as the server reported it."""
+        return self._live.scheduler.computed_tokens
 
     @property
     def _live(self) -> _Session:
@@ -375,10 +415,30 @@ class SpanClient:
         request = RagRequest(
             task, docs, system, modules, technique, raw, max_tokens, temperature, cache_salt
         )
-        async with aclosing(self._answer(self._job(request, strategy), _Completion())) as deltas:
+        async with aclosing(self.rag_chunks(request, strategy=strategy)) as chunks:
+            async for chunk in chunks:
+                if chunk.text:
+                    yield chunk.text
+
+    async def rag_chunks(
+        self, request: RagRequest, *, strategy: Strategy = Strategy.ISPS
+    ) -> AsyncGenerator[RagResult, None]:
+        """`rag_stream` as `RagResult` chunks that add up (``+``) to `rag`'s result: one per
+        text delta (its text and token ids), then an empty one with the usage and finish
+        reason. Like `rag_stream`, not sent again once the first chunk is out."""
+        started = time.perf_counter()
+        job = self._job(request, strategy)
+        completion = _Completion()
+        seen = 0
+        async with aclosing(self._answer(job, completion)) as deltas:
             async for delta in deltas:
-                if delta:
-                    yield delta
+                ids, seen = completion.token_ids[seen:], len(completion.token_ids)
+                if delta or ids:
+                    ttft = (completion.first_token_at or time.perf_counter()) - started
+                    yield RagResult(delta, ids, ttft, None, 0, None)
+        last = completion.result(started, job.layout)
+        yield RagResult("", [], last.ttft_s, last.cached_tokens, last.prompt_tokens, last.finish_reason,
+                        last.computed_tokens)
 
     async def rag_many(
         self,
@@ -403,7 +463,7 @@ class SpanClient:
             raise PromptError(f"unknown module {name!r}: register it with add_module()") from None
 
     def _salt(self, cache_salt: str | None) -> str | None:
-        _check_salt(cache_salt)
+        check_cache_salt(cache_salt)
         return self._cache_salt if cache_salt is None else cache_salt
 
     def _job(self, request: RagRequest, strategy: Strategy) -> _Job:
@@ -423,7 +483,7 @@ class SpanClient:
             return await self._collect(job, started)
         except StreamInterruptedError as exc:
             logger.warning("%s: sending it again", exc)
-        return await self._conn.retry.retrying((StreamInterruptedError,))(self._collect, job, started)
+        return await self._conn.retry.retrying(self._conn.log, (StreamInterruptedError,))(self._collect, job, started)
 
     async def _collect(self, job: _Job, started: float) -> RagResult:
         completion = _Completion()
@@ -437,7 +497,7 @@ class SpanClient:
         prompt streamed into `completion`, yielding text deltas; a cached shortfall
         makes the client check whether the server restarted."""
         scheduler = self._live.scheduler
-        await scheduler.prefill(job.prefills)
+        completion.prefill_computed = await scheduler.prefill(job.prefills)
         events = scheduler.stream(
             job.layout.token_ids,
             max_tokens=job.max_tokens,
@@ -531,7 +591,22 @@ def pooled_transport() -> httpx.AsyncBaseTransport:
     return AiohttpTransport(limits=httpx.Limits(max_connections=0, keepalive_expiry=2.0))
 
 
-def _check_salt(cache_salt: str | None) -> None:
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+# vLLM's rule for salts (`validate_cache_salt`): checked here so that a bad salt fails
+# once, before sending, instead of every request with HTTP 400.
+MAX_CACHE_SALT_CHARS = 128
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def check_cache_salt(cache_salt: str | None) -> None:
+    """Raise `PromptError` naming what makes `cache_salt` one the server would refuse."""
+    if cache_salt is None:
+        return
+    if not isinstance(cache_salt, str) or not cache_salt:
         raise PromptError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
+    rule = f"a salt is 1-{MAX_CACHE_SALT_CHARS} characters without '@', '/', '\\' or NUL (the server's rule)"
+    if len(cache_salt) > MAX_CACHE_SALT_CHARS:
+        raise PromptError(f"cache_salt has {len(cache_salt)} characters: {rule}")
+    bad = next((i for i, char in enumerate(cache_salt) if char in _SALT_FORBIDDEN), None)
+    if bad is not None:
+        raise PromptError(f"cache_salt {cache_salt!r} has {cache_salt[bad]!r} at character {bad}: {rule}")
 

@@ -100,7 +100,9 @@ class Scheduler:
         self._on_request = on_request
         # Digests only: remembering every span ever prefilled stays small.
         self._done: set[bytes] = set()
-        self._pending: dict[bytes, asyncio.Task[None]] = {}
+        self._pending: dict[bytes, asyncio.Task[int | None]] = {}
+        # Prompt tokens the server reported computing (not cached) for this scheduler's requests.
+        self.computed_tokens = 0
 
     def forget(self, prefills: Iterable[Prefill] | None = None) -> None:
         """Drop the record of completed prefills: all of them (the server restarted) or
@@ -110,27 +112,37 @@ class Scheduler:
         else:
             self._done.difference_update(p.key for p in prefills)
 
-    async def prefill(self, prefills: Iterable[Prefill]) -> None:
+    async def prefill(self, prefills: Iterable[Prefill]) -> int | None:
         """Make `prefills` resident, sending only those no one sent or is sending.
 
         The ones nobody is sending go out together (one request per
         `MAX_PROMPTS_PER_REQUEST`); a failed request is forgotten, so the next caller
-        that needs its prefills sends them again.
+        that needs its prefills sends them again. Returns the prompt tokens the
+        server computed for the requests this call sent (None: it reports no cache hits).
         """
         todo = {p.key: p for p in prefills if p.key not in self._done}
         fresh = [p for key, p in todo.items() if key not in self._pending]
         step = min(MAX_PROMPTS_PER_REQUEST, self.max_in_flight)
+        sent = []
         for salt in dict.fromkeys(p.cache_salt for p in fresh):  # a request carries one salt
             salted = [p for p in fresh if p.cache_salt == salt]
             for start in range(0, len(salted), step):
                 chunk = salted[start : start + step]
                 task = asyncio.create_task(self._send_prefills(chunk))
+                sent.append(task)
                 keys = [p.key for p in chunk]
                 self._pending.update(dict.fromkeys(keys, task))
                 task.add_done_callback(partial(self._settle, keys))
         tasks = {id(t): t for t in (self._pending.get(key) for key in todo) if t is not None}
         # Shielded: a caller that is cancelled must not cancel the others' prefills.
         await asyncio.gather(*map(asyncio.shield, tasks.values()))
+        total = 0
+        for task in sent:
+            computed = task.result()
+            if computed is None:
+                return None
+            total += computed
+        return total
 
     async def stream(
         self, token_ids: Sequence[int], *, max_tokens: int, temperature: float, cache_salt: str | None = None
@@ -202,14 +214,15 @@ class Scheduler:
             for task in running:
                 task.cancel()
 
-    def _settle(self, keys: list[bytes], task: asyncio.Task[None]) -> None:
+    def _settle(self, keys: list[bytes], task: asyncio.Task[int | None]) -> None:
         succeeded = not task.cancelled() and task.exception() is None
         for key in keys:
             del self._pending[key]
             if succeeded:
                 self._done.add(key)
 
-    async def _send_prefills(self, prefills: list[Prefill]) -> None:
+    async def _send_prefills(self, prefills: list[Prefill]) -> int | None:
+        """Send `prefills` as one request; returns the prompt tokens the server computed."""
         prompts = [list(p.token_ids) for p in prefills]
         body = {
             "model": self._model,
@@ -233,10 +246,13 @@ class Scheduler:
         tokens = sum(len(p) for p in prompts)
         cached = usage.cached_tokens if usage is not None else None
         self._emit(kind, tokens, cached, start, prompts=len(prompts))
+        return None if cached is None else tokens - cached
 
     def _emit(
         self, kind: RequestKind, prompt_tokens: int, cached: int | None, start: float, *, prompts: int = 1
     ) -> None:
+        if cached is not None:
+            self.computed_tokens += prompt_tokens - cached
         if self._on_request is not None:
             duration = time.perf_counter() - start
             self._on_request(RequestEvent(kind, prompt_tokens, cached, duration, prompts))

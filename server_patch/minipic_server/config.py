@@ -12,6 +12,7 @@ from typing import Any
 
 CONFIG_KEY = "minipic"
 _FIELDS = ("ssep_token_id", "pdep_token_id", "pad_token_id")
+_OPTIONS = ("require_cache_salt",)
 
 
 class MiniPICConfigError(ValueError):
@@ -20,17 +21,22 @@ class MiniPICConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PicConfig:
-    """Marker token ids; a block whose first prompt token is one of them changes hashing."""
+    """Marker token ids; a block whose first prompt token is one of them changes hashing.
+    `require_cache_salt`: requests without a ``cache_salt`` are refused (`salt_policy`)."""
 
     ssep_token_id: int
     pdep_token_id: int
     pad_token_id: int
+    require_cache_salt: bool = False
 
     def __post_init__(self) -> None:
         for name in _FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise MiniPICConfigError(f"minipic.{name} must be a non-negative integer, got {value!r}")
+        salt = self.require_cache_salt
+        if not isinstance(salt, bool):
+            raise MiniPICConfigError(f"minipic.require_cache_salt must be true or false, got {salt!r}")
         ids = [getattr(self, name) for name in _FIELDS]
         if len(set(ids)) != len(ids):
             raise MiniPICConfigError(
@@ -51,14 +57,14 @@ class PicConfig:
             raise MiniPICConfigError(
                 f"additional_config.{CONFIG_KEY} must be an object with {', '.join(_FIELDS)}"
             )
-        unknown = sorted(set(section) - set(_FIELDS))
+        unknown = sorted(set(section) - set(_FIELDS) - set(_OPTIONS))
         missing = [name for name in _FIELDS if name not in section]
         if unknown or missing:
             raise MiniPICConfigError(
                 f"additional_config.{CONFIG_KEY}: missing {missing or 'nothing'}, "
-                f"unknown {unknown or 'nothing'}; expected exactly {list(_FIELDS)}"
+                f"unknown {unknown or 'nothing'}; expected {list(_FIELDS)}, optionally {list(_OPTIONS)}"
             )
-        return cls(**{name: section[name] for name in _FIELDS})
+        return cls(**section)
 
 
 def pic_config_of(vllm_config: Any) -> PicConfig | None:
