@@ -113,7 +113,7 @@ class FakeServer:
             if body.get("stream"):
                 kind = "final"
             elif body.get("max_tokens") == 1:
-                kind = "span" if prompt[0] == self.ssep else "prefix"
+                kind = "span" if prompt[0] in (self.ssep, self.hsep) else "prefix"
             else:
                 kind = "other"
             records.append(Recorded(kind, list(prompt), body, next(self._clock)))
