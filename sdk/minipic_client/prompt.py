@@ -244,14 +244,12 @@ class PromptBuilder:
             return (_Piece(self._pad(ids) if followed else ids, None),)
         if opener.head != "shown":
             return self._hidden_head_span(opener, body)
+        if not opener.recompute_blocks:
+            return (self._span_piece(self._ssep, body),)
         head_len = opener.recompute_blocks * self._block - 1
-        if opener.recompute_blocks and head_len >= len(body):
-            return (_Piece(self._pad((self._pdep, *body)), None),)
-        pieces = []
-        if opener.recompute_blocks:
-            pieces.append(_Piece((self._pdep, *body[:head_len]), None))
-            body = body[head_len:]
-        return (*pieces, self._span_piece(self._ssep, body))
+        if head_len >= len(body):
+            return (self._head_piece(body, head_len),)
+        return (self._head_piece(body, head_len), self._span_piece(self._ssep, body[head_len:]))
 
     def _hidden_head_span(self, opener: Span, body: TokenIds) -> tuple[_Piece, ...]:
         """``[HSep body pad..]``, after ``[PDep head]`` for a refreshed head (see the module)."""
@@ -263,12 +261,17 @@ class PromptBuilder:
         head_len = self._block - 1
         if len(body) <= head_len:  # the document fits in the head block
             if opener.head == "refreshed":
-                return (_Piece(self._pad((self._pdep, *body)), None),)
+                return (self._head_piece(body, head_len),)
             return (self._span_piece(self._ssep, body),)
         span = self._span_piece(self._hsep, body)
         if opener.head == "refreshed":
-            return (_Piece((self._pdep, *body[:head_len]), None), span)
+            return (self._head_piece(body, head_len), span)
         return (span,)
+
+    def _head_piece(self, body: TokenIds, head_len: int) -> _Piece:
+        """``[PDep head]`` recomputed in context: exactly the blocks ``head_len + 1`` tokens
+        fill (the whole body, padded, when it fits)."""
+        return _Piece(self._pad((self._pdep, *body[:head_len])), None)
 
     def _span_piece(self, opener_id: int, body: TokenIds) -> _Piece:
         ids = self._pad((opener_id, *body))
