@@ -22,7 +22,10 @@ One kernel body, two launch shapes (the `launch` function picks one):
 Query rows are *packed by GQA group* (tokens x heads per tile), so each key/value tile is
 loaded once per kv head. The key range of a tile runs from the lowest window start of its
 rows to its last query position: tiles wholly outside every row's window are never
-visited, which keeps Block-Attention prefill linear in the number of spans.
+visited, which keeps Block-Attention prefill linear in the number of spans. Keys of hidden
+(HSep) blocks are masked like keys outside the window, in the same inner loop, from the
+kind record of each key's physical block (`block_kinds.visible`), so hiding adds no
+compiled variant: decode and tiles honour it alike.
 
 ``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
 place, which only the benchmarks' no-rotation baseline and its interpreter test use.
