@@ -9,7 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pic_reference import TINY, HFReference, Segment, dependent, flatten, random_tokens, system
+from minipic_client import HiddenSink, RagRequest, RefreshedHeads, SpanClient
+
+from pic_reference import BLOCK_SIZE, TINY, HFReference, Segment, dependent, flatten, random_tokens, system
 from server_api import complete, max_logprob_diff, prefill
 from servers import RunningServer
 
@@ -90,3 +92,27 @@ def test_refreshed_heads_are_faithful_epic_from_cached_blocks(pic_server, refere
     again = matches_reference(pic_server, reference, segments)
     assert again.token_ids == never.token_ids
     assert again.cached_tokens == len(flatten(segments[:-1]))
+
+
+def segments_of(token_ids: list[int]) -> list[Segment]:
+    """A client layout cut where a block starts with a marker (SSep/HSep spans, PDep tails)."""
+    cuts = [i for i in range(0, len(token_ids), BLOCK_SIZE) if token_ids[i] in (TINY.ssep, TINY.hsep, TINY.pdep)]
+    bounds = [0, *cuts, len(token_ids)] if cuts[:1] != [0] else [*cuts, len(token_ids)]
+    pieces = [tuple(token_ids[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [Segment(p, span=p[0] in (TINY.ssep, TINY.hsep), hidden_head=p[0] == TINY.hsep) for p in pieces]
+
+
+@pytest.mark.parametrize("technique", [HiddenSink(), RefreshedHeads()], ids=type)
+async def test_the_clients_hidden_head_layouts_are_exact_through_the_server(pic_server, reference, technique) -> None:
+    docs = [f"Report {i} of the {type(technique).__name__} run: the river runs past mill {i}, the bridge "
+            f"and the old school, then turns east towards the sea.\n" for i in range(3)]  # fmt: skip
+    request = RagRequest("Which mill?", docs, "Answer from the documents.", technique=technique, raw=True,
+                         max_tokens=4)  # fmt: skip
+    async with SpanClient(pic_server.url) as client:
+        layout = client.rag_layout(request)
+        assert TINY.hsep in layout.token_ids
+        result = await client.rag(task=request.task, docs=docs, system=request.system, technique=technique,
+                                  raw=True, max_tokens=4)  # fmt: skip
+    assert result.cached_tokens == layout.cacheable_tokens
+    expected_ids, _ = reference.greedy_top_logprobs(segments_of(layout.token_ids), num_tokens=4)
+    assert result.token_ids == expected_ids
