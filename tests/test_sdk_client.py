@@ -18,7 +18,9 @@ from minipic_client import (
     PromptTooLongError,
     RagRequest,
     RagResult,
+    RefreshedHeads,
     RequestEvent,
+    ServerInfo,
     Span,
     SpanClient,
     Strategy,
@@ -262,6 +264,38 @@ async def test_epic_sends_heads_in_context_and_tails_as_spans(fake_server, fake_
     assert final.prompt.count(fake_server.pdep) == 2  # the head and the task
     assert len(fake_server.of_kind("span")) == 1
     assert result.cached_tokens == final.prompt.index(fake_server.pdep)
+
+
+async def test_refreshed_heads_send_heads_in_context_and_whole_documents_as_hidden_head_spans(
+    fake_server, fake_client
+):
+    doc = " ".join(["water light house"] * 20)
+    async with fake_client() as client:
+        await client.rag(system=SYSTEM, docs=[doc], task="q", technique=RefreshedHeads(), max_tokens=1)
+    (final,) = fake_server.of_kind("final")
+    (span,) = fake_server.of_kind("span")
+    assert final.prompt.count(fake_server.pdep) == 2 and fake_server.ssep not in final.prompt
+    assert span.prompt[0] == fake_server.hsep and _contains(final.prompt, span.prompt)
+
+
+async def test_an_older_server_without_hsep_serves_everything_but_hidden_heads(fake_server, fake_client):
+    del fake_server.info["hsep_token_id"]
+    async with fake_client() as client:
+        assert client.info.hsep_token_id is None
+        await client.rag(docs=DOCS[:1], task="q", max_tokens=1)
+        with pytest.raises(ConfigError, match="publishes no hsep_token_id"):
+            await client.rag(docs=DOCS[:1], task="q", technique=RefreshedHeads(), max_tokens=1)
+
+
+def test_server_info_reads_hsep_when_published() -> None:
+    base = {"block_size": 16, "ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7, "max_num_seqs": 4,
+            "max_model_len": 2048, "model": "m", "tokenizer": "t", "vllm_version": "v", "minipic_version": "v",
+            "instance_id": "i"}  # fmt: skip
+    assert ServerInfo.from_json({**base, "hsep_token_id": 2048}).marker_ids == {5, 6, 7, 2048}
+    assert ServerInfo.from_json({**base, "hsep_token_id": None}).hsep_token_id is None
+    assert ServerInfo.from_json(base).marker_ids == {5, 6, 7}
+    with pytest.raises(ConfigError, match="'hsep_token_id' is 'x'"):
+        ServerInfo.from_json({**base, "hsep_token_id": "x"})
 
 
 async def test_restarted_server_gets_its_spans_prefilled_again(fake_server, fake_client):

@@ -273,6 +273,7 @@ class SpanClient:
             ssep_token_id=info.ssep_token_id,
             pdep_token_id=info.pdep_token_id,
             pad_token_id=info.pad_token_id,
+            hsep_token_id=info.hsep_token_id,
         )
         scheduler = Scheduler(
             self._conn,
