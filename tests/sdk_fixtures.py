@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from minipic_client import RetryPolicy, SpanClient, Tokenizer
+from minipic_client import BlockAttention, RetryPolicy, SpanClient, Tokenizer
 from minipic_kernels.block_kinds import block_kind_of, in_span, opens_span
 from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
@@ -175,13 +175,12 @@ class FakeServer:
         return hashes
 
     def _lookup_and_insert(self, ids: list[int]) -> int:
-        """vLLM's lookup: the leading run of cached blocks, never the whole prompt."""
-        hashes = self._block_hashes(ids)
-        hits = 0
-        while hits < len(hashes) and hashes[hits] in self._cache:
-            hits += 1
-        self._cache.update(hashes)
-        return min(hits * BLOCK_SIZE, (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE)
+        """MiniPIC's lookup: every cached block, also after a miss (gapped hits), never the block
+        holding the prompt's last token."""
+        hashes = self._block_hashes(ids)[: (len(ids) - 1) // BLOCK_SIZE]
+        hits = sum(1 for h in hashes if h in self._cache)
+        self._cache.update(self._block_hashes(ids))
+        return hits * BLOCK_SIZE
 
 
 async def _chunks(chunks: list[bytes]) -> AsyncIterator[bytes]:
@@ -221,6 +220,7 @@ def fake_client(fake_server: FakeServer, client_tokenizer: Tokenizer) -> Callabl
     def make(**options: Any) -> SpanClient:
         options.setdefault("retry", FAST_RETRY)
         options.setdefault("tokenizer", client_tokenizer)
+        options.setdefault("technique", BlockAttention())  # the scheduling tests' short documents are spans
         return SpanClient("http://fake", transport=fake_server.transport, **options)
 
     return make

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from minipic_client import (
+    BlockAttention,
     ConfigError,
     Dependent,
     Epic,
@@ -262,8 +263,9 @@ async def test_epic_sends_heads_in_context_and_tails_as_spans(fake_server, fake_
         )
     (final,) = fake_server.of_kind("final")
     assert final.prompt.count(fake_server.pdep) == 2  # the head and the task
-    assert len(fake_server.of_kind("span")) == 1
-    assert result.cached_tokens == final.prompt.index(fake_server.pdep)
+    (tail,) = fake_server.of_kind("span")
+    # The head is computed in context; the prefix before it and the tail after it are reused.
+    assert result.cached_tokens == final.prompt.index(fake_server.pdep) + len(tail.prompt)
 
 
 async def test_refreshed_heads_send_heads_in_context_and_whole_documents_as_hidden_head_spans(
@@ -371,3 +373,20 @@ async def test_evicted_spans_are_prefilled_again(fake_server, fake_client):
     assert short.cached_tokens < cacheable
     assert again.cached_tokens == cacheable
     assert len(fake_server.of_kind("span")) == 4  # each document prefilled twice
+
+
+async def test_calls_naming_no_layout_use_refreshed_heads_or_block_attention_without_hidden_heads(
+    fake_server, fake_client, caplog
+) -> None:
+    async with fake_client(technique=None) as client:
+        assert client.default_technique == RefreshedHeads()
+        layout = client.rag_layout(RagRequest("q", [DOCS[0] * 3], SYSTEM))
+        assert fake_server.hsep in layout.token_ids
+    fake_server.info["hsep_token_id"] = None
+    async with fake_client(technique=None) as client:
+        with caplog.at_level("WARNING", logger="minipic_client"):
+            assert client.default_technique == BlockAttention()
+            assert client.default_technique == BlockAttention()
+        assert sum("no hidden-head marker" in r.message for r in caplog.records) == 1
+    async with fake_client(technique=Epic(2)) as client:
+        assert client.default_technique == Epic(2)

@@ -30,7 +30,7 @@ from minipic_client.errors import (
     PromptError,
     RequestError,
 )
-from minipic_client.prompt import check_documents
+from minipic_client.prompt import Technique, check_documents
 from minipic_client.scheduler import Strategy
 from minipic_client.tokens import unicode_problem
 
@@ -90,7 +90,7 @@ class BatchSummary:
         return statistics.quantiles(self.ttfts_s, n=100, method="inclusive")[percent - 1]
 
 
-def read_samples(path: Path, *, max_tokens: int) -> list[Sample]:
+def read_samples(path: Path, *, max_tokens: int, technique: Technique | None = None) -> list[Sample]:
     """Parse and check every line before anything is sent; errors name the line.
 
     A line that is not a sample stops the run (the file is probably wrong); a
@@ -110,7 +110,7 @@ def read_samples(path: Path, *, max_tokens: int) -> list[Sample]:
             if not line.strip():
                 continue
             try:
-                sample_id, request, bad_text = _parse_sample(line, max_tokens)
+                sample_id, request, bad_text = _parse_sample(line, max_tokens, technique)
             except ValueError as exc:
                 raise BatchInputError(str(path), number, str(exc)) from None
             if sample_id in seen:
@@ -128,7 +128,9 @@ def not_utf8(exc: UnicodeDecodeError) -> str:
     return f"not valid UTF-8: byte {exc.object[exc.start]:#04x} at offset {exc.start}"
 
 
-def _parse_sample(line: str, max_tokens: int) -> tuple[SampleId, RagRequest, str | None]:
+def _parse_sample(
+    line: str, max_tokens: int, technique: Technique | None
+) -> tuple[SampleId, RagRequest, str | None]:
     """One input line as a sample and what is wrong with its text, if anything;
     raises ValueError saying what else is wrong with it."""
     try:
@@ -149,7 +151,7 @@ def _parse_sample(line: str, max_tokens: int) -> tuple[SampleId, RagRequest, str
     task = record.get("task")
     if not isinstance(task, str) or not task.strip():
         raise ValueError(f"'task' must be a non-empty string, got {task!r}")
-    request = RagRequest(task=task, docs=docs, system=system, max_tokens=max_tokens)
+    request = RagRequest(task=task, docs=docs, system=system, max_tokens=max_tokens, technique=technique)
     bad_text = _text_problem(system, docs, task)
     if bad_text is None:
         try:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from minipic_client.batch import BatchSummary, ResultFile, Sample
     from minipic_client.client import RagResult, SpanClient
+    from minipic_client.prompt import Technique
 
 SERVER_COMMANDS = ("serve", "make-tiny-model", "fetch-model")
 SERVER_EXTRA_HINT = (
@@ -100,6 +101,20 @@ _MAX_TOKENS = typer.Option(64, min=1, help="Tokens to generate per answer.")
 _CACHE_SALT = typer.Option(
     None, "--cache-salt", help="Salt of every request: cached blocks are shared only between equal salts."
 )
+_LAYOUT = typer.Option(
+    None, "--layout", help="Document layout, fastest first: block, hidden-sink, epic1, epic2, refreshed-heads "
+    "(default: refreshed-heads where the server has hidden heads; docs/accuracy.md says what each costs)",
+)
+
+
+def _technique(layout: str | None) -> Technique | None:
+    from minipic_client.prompt import TECHNIQUES
+
+    if layout is None:
+        return None
+    if layout not in TECHNIQUES:
+        raise typer.BadParameter(f"unknown layout {layout!r}; choose one of {', '.join(TECHNIQUES)}")
+    return TECHNIQUES[layout]
 
 
 @app.command()
@@ -123,6 +138,7 @@ def batch(
     max_tokens: int = _MAX_TOKENS,
     tokenizer: str | None = _TOKENIZER,
     cache_salt: str | None = _CACHE_SALT,
+    layout: str | None = _LAYOUT,
 ) -> None:
     """Answer every sample of a JSONL file; resumable."""
     from rich.console import Console
@@ -133,7 +149,7 @@ def batch(
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with _errors_reported():
         check_cache_salt(cache_salt)  # before the output file is created
-        samples = read_samples(input_path, max_tokens=max_tokens)
+        samples = read_samples(input_path, max_tokens=max_tokens, technique=_technique(layout))
         # Locked and checked before connecting: a wrong or busy --output fails at once.
         with ResultFile(output, input_path=input_path) as results:
             todo = results.pending(samples)
@@ -206,6 +222,7 @@ def rag(
     max_tokens: int = _MAX_TOKENS,
     tokenizer: str | None = _TOKENIZER,
     cache_salt: str | None = _CACHE_SALT,
+    layout: str | None = _LAYOUT,
 ) -> None:
     """Answer one question over document files; the answer goes to stdout."""
     from rich.console import Console
@@ -214,7 +231,9 @@ def rag(
 
     async def answer(client: SpanClient, docs: list[str]) -> RagResult:
         async with client:
-            return await client.rag(system=system, docs=docs, task=task, max_tokens=max_tokens)
+            return await client.rag(
+                system=system, docs=docs, task=task, max_tokens=max_tokens, technique=_technique(layout)
+            )
 
     with _errors_reported():
         client = SpanClient(server, tokenizer=tokenizer, cache_salt=cache_salt)

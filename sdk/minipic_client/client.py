@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -32,6 +32,7 @@ from minipic_client.prompt import (
     Prefill,
     PromptBuilder,
     PromptLayout,
+    RefreshedHeads,
     Span,
     Technique,
     Text,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("minipic_client")
 
 DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+_REFRESHED_HEADS, _BLOCK_ATTENTION = RefreshedHeads(), BlockAttention()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ class RagRequest:
     docs: Sequence[str] = ()
     system: str | None = None
     modules: Sequence[str] = ()
-    technique: Technique = field(default_factory=BlockAttention)
+    technique: Technique | None = None  # None: the client's `default_technique`
     raw: bool = False
     max_tokens: int = 64
     temperature: float = 0.0
@@ -222,6 +224,7 @@ class SpanClient:
         info_check_interval_s: float = 1.0,
         allow_stock_server: bool = False,
         cache_salt: str | None = None,
+        technique: Technique | None = None,
     ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be at least 1, got {max_in_flight}")
@@ -239,6 +242,8 @@ class SpanClient:
         self._info_checked_at = float("-inf")
         self._modules: dict[str, str] = {}
         self._session: _Session | None = None
+        self._technique = technique
+        self._warned_no_hsep = False
 
     async def __aenter__(self) -> SpanClient:
         try:
@@ -297,6 +302,24 @@ class SpanClient:
         return self._live.tokenizer
 
     @property
+    def default_technique(self) -> Technique:
+        """The layout `rag` uses when a call names none: the client's ``technique=``, else
+        `RefreshedHeads`, the layout that kept a model not trained for block attention near full
+        attention (docs/accuracy.md); `BlockAttention` on a server without hidden heads (no
+        ``hsep_token_id``), with a warning once."""
+        if self._technique is not None:
+            return self._technique
+        if self._live.info.hsep_token_id is not None:
+            return _REFRESHED_HEADS
+        if not self._warned_no_hsep:
+            self._warned_no_hsep = True
+            logger.warning(
+                "the server has no hidden-head marker (hsep_token_id): rag() defaults to BlockAttention, "
+                "which loses accuracy on models not trained for it; see docs/accuracy.md"
+            )
+        return _BLOCK_ATTENTION
+
+    @property
     def computed_tokens(self) -> int:
         """Prompt tokens the server computed (not cached) for this client's requests so far,
         span prefills included: what a run cost, as the server reported it."""
@@ -346,7 +369,8 @@ class SpanClient:
         if not isinstance(request.task, str) or not request.task.strip():
             raise PromptError(f"task must be a non-empty string, got {request.task!r}")
         spans = [Span(self._module(name)) for name in request.modules]
-        spans += [request.technique.span(doc) for doc in request.docs]
+        technique = request.technique or self.default_technique
+        spans += [technique.span(doc) for doc in request.docs]
         chat = self._live.chat
         if chat is not None and not request.raw:
             parts = chat.parts(request.system, spans, request.task)
@@ -377,7 +401,7 @@ class SpanClient:
         docs: Sequence[str] = (),
         system: str | None = None,
         modules: Sequence[str] = (),
-        technique: Technique = BlockAttention(),
+        technique: Technique | None = None,
         raw: bool = False,
         max_tokens: int = 64,
         temperature: float = 0.0,
@@ -402,7 +426,7 @@ class SpanClient:
         docs: Sequence[str] = (),
         system: str | None = None,
         modules: Sequence[str] = (),
-        technique: Technique = BlockAttention(),
+        technique: Technique | None = None,
         raw: bool = False,
         max_tokens: int = 64,
         temperature: float = 0.0,

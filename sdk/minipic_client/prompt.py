@@ -127,6 +127,17 @@ class RefreshedHeads:
 Technique = BlockAttention | Epic | HiddenSink | RefreshedHeads
 
 
+# The layouts by name (the command line's ``--layout``), fastest first; docs/accuracy.md
+# measures where each stands. None of them: the client's default (`SpanClient.default_technique`).
+TECHNIQUES: dict[str, Technique] = {
+    "block": BlockAttention(),
+    "hidden-sink": HiddenSink(),
+    "epic1": Epic(1),
+    "epic2": Epic(2),
+    "refreshed-heads": RefreshedHeads(),
+}
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Prefill:
     """A standalone request that caches blocks of a final prompt.
