@@ -149,7 +149,7 @@ def accuracy_pareto(data: dict, out: Path) -> None:
         ax.legend(fontsize=7, loc="lower right")
     axes[0][0].set_ylabel("accuracy (95% interval)")
     commit = (meta.get("commit") or "?")[:7] + ("+dirty" if meta.get("dirty") else "")
-    fig.suptitle(f"{meta['model']} on {meta['device']} (vLLM {meta['vllm']}, {commit})", fontsize=10)
+    fig.suptitle(f"{meta['model']} on {meta['device']} (vLLM {meta['versions']['vllm']}, {commit})", fontsize=10)
     fig.tight_layout()
     fig.savefig(out)
 
@@ -194,7 +194,7 @@ def main() -> None:
             print(f"{path} -> {args.docs / target}")
     for path in sorted(args.results.glob("accuracy*.json")):  # the family harness's results
         data = json.loads(path.read_text())
-        if "families" in data:
+        if str(data.get("schema", "")).startswith("minipic-accuracy"):
             target = args.docs / f"{path.stem}-pareto.png"
             accuracy_pareto(data, target)
             print(f"{path} -> {target}")
