@@ -1,0 +1,46 @@
+"""Figures the docs quote, checked against the result files they were read from."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY_NAMES = {"single fact": "single", "two passages (bridge)": "bridge", "synthetic": "synthetic"}
+# | family | `layout` | accuracy [lo, hi] | diff [lo, hi], p | computed | steady |  (bold allowed)
+ROW = re.compile(
+    r"^\| (?P<family>[^|]*?) ?\| \**`(?P<layout>\w+)`\** \| \**(?P<acc>[\d.]+)%\** \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\] "
+    r"\| (?:\**(?P<diff>[+-][\d.]+)\** \[(?P<dlo>[+-][\d.]+), (?P<dhi>[+-][\d.]+)\], p[<=][\d.]+ )?\| "
+    r"(?P<computed>[\d.]+) \| (?:(?P<steady>\d+)%)? ?\|$"
+)
+
+
+def pct(value: float) -> str:
+    return f"{value * 100:.1f}"
+
+
+def test_accuracy_table_matches_its_results() -> None:
+    results = json.loads((ROOT / "benchmarks/results/accuracy-families-smollm2-h200.json").read_text())
+    shares = json.loads((ROOT / "benchmarks/results/accuracy-layout-shares-smollm2.json").read_text())
+    family = None
+    rows = 0
+    for line in (ROOT / "docs/accuracy.md").read_text().splitlines():
+        match = ROW.match(line)
+        if not match:
+            continue
+        family = FAMILY_NAMES.get(match["family"], family) if match["family"] else family
+        summary = results["families"][family]["summary"][match["layout"]]
+        assert (match["acc"], match["lo"], match["hi"]) == (
+            pct(summary["accuracy"]), *map(pct, summary["accuracy_ci95"])
+        ), line
+        if match["diff"] is not None:
+            versus = summary["vs_full"]
+            expected = [f"{v * 100:+.1f}" for v in (versus["difference"], *versus["difference_ci95"])]
+            assert [match["diff"], match["dlo"], match["dhi"]] == expected, line
+        assert float(match["computed"]) == round(summary["tokens"]["computed_vs_full"], 2), line
+        if match["steady"] is not None:
+            steady = shares["families"][family][match["layout"]]["from_cache"]
+            assert int(match["steady"]) == round(steady * 100), line
+        rows += 1
+    assert rows == 21  # 3 families x 7 layouts
