@@ -17,7 +17,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from minipic_client import RagRequest, RagResult, RequestEvent, SpanClient, SpanRAG
+from minipic_client import BlockAttention, RagRequest, RagResult, RequestEvent, SpanClient, SpanRAG
 from minipic_server.markers import PDEP_TOKEN, SSEP_TOKEN
 
 from batch_signals import batch_command, batch_signalling_itself
@@ -56,7 +56,7 @@ async def test_each_call_reports_what_it_made_the_server_compute(pic_server):
     """Two identical calls: both find the spans cached in their final prompt, but only the
     first paid for them (before, both said cached=N/M and nothing else)."""
     docs = fresh_docs(3)
-    async with SpanClient(pic_server.url) as client:
+    async with SpanClient(pic_server.url, technique=BlockAttention()) as client:
         before = client.computed_tokens
         cold = await client.rag(system=SYSTEM, docs=docs, task="Which mill?", max_tokens=2)
         warm = await client.rag(system=SYSTEM, docs=docs, task="Which mill?", max_tokens=2)
@@ -112,7 +112,7 @@ async def test_concurrent_calls_prefill_each_document_once(pic_server):
 async def test_marker_literal_text_creates_no_span_boundary(pic_server):
     doc = f"Quoting {SSEP_TOKEN} and {PDEP_TOKEN} inside a document {uuid.uuid4().hex}.\n"
     request = RagRequest(f"What is {SSEP_TOKEN}?", [doc], SYSTEM, max_tokens=4)
-    async with SpanClient(pic_server.url) as client:
+    async with SpanClient(pic_server.url, technique=BlockAttention()) as client:
         result = await client.rag(system=SYSTEM, docs=[doc], task=request.task, max_tokens=4)
         layout = client.rag_layout(request)
         ssep = client.info.ssep_token_id
@@ -195,7 +195,7 @@ async def test_span_rag_answers_through_langchain_and_duck_typed_retrievers(pic_
             return [Document(page_content=t) for t in self.texts]
 
     docs = fresh_docs(2)
-    async with SpanClient(pic_server.url) as client:
+    async with SpanClient(pic_server.url, technique=BlockAttention()) as client:
         expected = client.rag_layout(RagRequest("Question: which mill?", docs, SYSTEM)).cacheable_tokens
         for retriever in (ListRetriever(texts=docs), _DuckRetriever(docs)):
             rag = SpanRAG(retriever, client, system=SYSTEM, task_template="Question: {question}",

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from minipic_client import RagRequest, SpanClient
+from minipic_client import BlockAttention, RagRequest, SpanClient
 
 from batch_signals import batch_signalling_itself
 from pic_reference import HFReference, dependent, flatten, random_tokens, span, system
@@ -43,7 +43,7 @@ def test_restart_drops_spans_but_not_exactness(server_pool: ServerPool, pic_serv
 
 async def test_client_prefills_again_after_a_restart(server_pool: ServerPool, pic_server) -> None:
     docs = [f"Restart report {i}: the ferry leaves at {i} o'clock from the east pier.\n" for i in range(3)]
-    async with SpanClient(pic_server.url, info_check_interval_s=0) as client:
+    async with SpanClient(pic_server.url, info_check_interval_s=0, technique=BlockAttention()) as client:
         expected = client.rag_layout(RagRequest("When?", docs, "Be brief.")).cacheable_tokens
         before = await client.rag(system="Be brief.", docs=docs, task="When?", max_tokens=2)
         server_pool.restart()
