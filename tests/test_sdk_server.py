@@ -205,7 +205,7 @@ async def test_span_rag_answers_through_langchain_and_duck_typed_retrievers(pic_
             assert result.cached_tokens == expected
 
     # Blocking, streamed, through a new client that SpanRAG connects on its own loop thread.
-    rag = SpanRAG(ListRetriever(texts=docs), SpanClient(pic_server.url), system=SYSTEM,
+    rag = SpanRAG(ListRetriever(texts=docs), SpanClient(pic_server.url, technique=BlockAttention()), system=SYSTEM,
                   task_template="Question: {question}", max_tokens=3)
     try:
         chunks = await asyncio.to_thread(lambda: list(rag.stream("which mill?")))
