@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -58,6 +58,10 @@ class RetryPolicy:
     connect_s: float = 30.0
     initial_backoff_s: float = 0.25
     max_backoff_s: float = 4.0
+
+    def capped(self, seconds: float) -> RetryPolicy:
+        """This policy, giving up after `seconds` at most."""
+        return replace(self, total_s=min(self.total_s, seconds), connect_s=min(self.connect_s, seconds))
 
     def retrying(
         self,
