@@ -169,6 +169,11 @@ def test_span_affinity_counts_held_tokens_then_homes_then_business() -> None:
     assert SpanAffinity().route([], [busy, idle]).final is idle
     route = SpanAffinity().route([big], [a, idle])  # held nowhere: its home
     assert route.prefill is route.final is Rendezvous().home(big, [a, idle])
+    system = Prefill.of("prefix", (3,) * 500)  # shared by every job: held where jobs went so far
+    home = Rendezvous().home(big, [a, idle])
+    home_not = idle if home is a else a
+    home_not.keys.add(system.key)
+    assert SpanAffinity().route([system, big], [a, idle]).final is home
 
 
 async def test_a_replica_that_dies_mid_run_loses_its_work_once_and_gets_it_back(

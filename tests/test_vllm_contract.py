@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from minipic_client.placement import DP_RANK_HEADER
 from minipic_server import boundary
 from minipic_server.boundary import How
 from minipic_server.impl_args import KNOWN_ARGS
@@ -165,3 +166,14 @@ def _called_name(node: ast.AST) -> str | None:
         return None
     func = node.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def test_completions_honour_the_data_parallel_rank_header(release: tuple[str, VllmSource]) -> None:
+    """`Endpoint.ranks` pins each request to one engine of a data-parallel server by this header."""
+    _, source = release
+    base = source.module("vllm.entrypoints.generate.base.serving")
+    completions = source.module("vllm.entrypoints.openai.completion.serving")
+    assert base is not None and completions is not None
+    assert DP_RANK_HEADER in {node.value for node in ast.walk(base) if isinstance(node, ast.Constant)}
+    calls = {node.attr for node in ast.walk(completions) if isinstance(node, ast.Attribute)}
+    assert "_get_data_parallel_rank" in calls

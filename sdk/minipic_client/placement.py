@@ -135,15 +135,16 @@ class Rendezvous:
 
 @dataclass(frozen=True, slots=True)
 class SpanAffinity:
-    """The job goes where most of its prefill tokens are: held there, or (held nowhere
+    """The job goes where most of its span tokens are: held there, or (held nowhere
     yet) homed there by `homes`; its missing prefills are sent there first. Ties go
-    to the less busy, then the less loaded replica."""
+    to the less busy, then the less loaded replica. A prefix prefill (the system
+    prompt every job shares) does not count: it would pull every job to one replica."""
 
     homes: Rendezvous = Rendezvous()
 
     def route(self, prefills: Sequence[Prefill], replicas: Sequence[H]) -> Route[H]:
         scores = [0] * len(replicas)
-        for prefill in prefills:
+        for prefill in (p for p in prefills if p.kind == "span"):
             holders = [i for i, r in enumerate(replicas) if r.holds(prefill.key)]
             for i in holders or [replicas.index(self.homes.home(prefill, replicas))]:
                 scores[i] += len(prefill.token_ids)

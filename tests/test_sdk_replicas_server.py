@@ -1,0 +1,127 @@
+"""Placement across two real `minipic serve` replicas (the tiny model, one CPU core each):
+span hits with placement against round-robin, answers equal to one server's, and a
+replica stopped mid-run and started again."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from minipic_client import RagRequest, RagResult, RequestEvent, RoundRobin, SpanClient
+
+from servers import RunningServer, ServerPool, ServerSpec, start
+
+pytestmark = pytest.mark.server
+
+SYSTEM = "Answer from the documents."
+
+
+@pytest.fixture(scope="module")
+def replicas(server_pool: ServerPool) -> Iterator[list[RunningServer]]:
+    with server_pool.side_by_side(ServerSpec(), 2) as servers:
+        yield servers
+
+
+def workload(documents: int = 6, uses: int = 2) -> list[RagRequest]:
+    """Each document asked about `uses` times, its uses spread over the run."""
+    tag = uuid.uuid4().hex[:8]
+    docs = [
+        f"Report {tag} number {i}: the river runs past mill {i}, the old school and the bridge "
+        f"that the town rebuilt after the flood of year {1900 + i}.\n"
+        for i in range(documents)
+    ]
+    return [RagRequest(f"Which mill is in report {i}?", [doc], SYSTEM, max_tokens=6)
+            for i in range(uses) for doc in docs]
+
+
+async def run(client: SpanClient, requests: list[RagRequest], **options: Any) -> list[RagResult]:
+    results: dict[int, RagResult] = {}
+    async for i, outcome in client.rag_many(requests, **options):
+        assert isinstance(outcome, RagResult), outcome
+        assert i not in results
+        results[i] = outcome
+    assert sorted(results) == list(range(len(requests)))
+    return [results[i] for i in range(len(requests))]
+
+
+def span_hit_rate(client: SpanClient, requests: list[RagRequest], results: list[RagResult]) -> float:
+    promised = sum(client.rag_layout(r).cacheable_tokens for r in requests)
+    return sum(r.cached_tokens or 0 for r in results) / promised
+
+
+async def one_server_answers(server: RunningServer, requests: list[RagRequest]) -> list[list[int]]:
+    async with SpanClient(server.url, cache_salt=uuid.uuid4().hex) as client:
+        return [r.token_ids for r in await run(client, requests)]
+
+
+async def test_placement_hits_every_span_round_robin_does_not_and_answers_are_one_servers(
+    replicas: list[RunningServer],
+) -> None:
+    requests = workload()
+    urls = [s.url for s in replicas]
+    events: list[RequestEvent] = []
+    async with SpanClient(urls, on_request=events.append, cache_salt=uuid.uuid4().hex) as client:
+        placed = await run(client, requests)
+        placed_rate = span_hit_rate(client, requests, placed)
+    async with SpanClient(urls, placement=RoundRobin(), cache_salt=uuid.uuid4().hex) as client:
+        spread = await run(client, requests, window=1)
+        round_robin_rate = span_hit_rate(client, requests, spread)
+    single = await one_server_answers(replicas[0], requests)
+    print(f"span hit rate: placement {placed_rate:.3f}, round-robin {round_robin_rate:.3f}")
+
+    assert placed_rate >= 0.99 and round_robin_rate <= 0.6
+    assert [r.token_ids for r in placed] == [r.token_ids for r in spread] == single
+    # Six documents, each prefilled once in the whole fleet; the system prompt's prefix
+    # once on each replica that answered; both replicas got documents.
+    prefilled = Counter(e.endpoint for e in events if e.kind != "final" for _ in range(e.prompts))
+    answered = {e.endpoint for e in events if e.kind == "final"}
+    assert sum(prefilled.values()) == 6 + len(answered) and set(prefilled) == answered == {
+        client.endpoints[0].name, client.endpoints[1].name
+    }
+
+
+async def test_a_replica_stopped_mid_run_and_started_again(
+    replicas: list[RunningServer], server_pool: ServerPool
+) -> None:
+    requests = workload(documents=8, uses=2)
+    single = await one_server_answers(replicas[0], requests)
+    victim = replicas[1]
+    events: list[RequestEvent] = []
+    finals_before_stop: list[int] = []
+    four_answered = asyncio.Event()
+
+    def stop_after_some(event: RequestEvent) -> None:
+        events.append(event)
+        if sum(e.kind == "final" for e in events) == 4:
+            four_answered.set()
+
+    urls = [s.url for s in replicas]
+    async with SpanClient(urls, on_request=stop_after_some, failover_s=1.0, cache_salt=uuid.uuid4().hex) as client:
+        victim_name = client.endpoints[1].name
+
+        async def stopper() -> None:
+            await four_answered.wait()
+            await asyncio.to_thread(victim.stop)
+            finals_before_stop.append(sum(e.kind == "final" for e in events))
+
+        stopping = asyncio.create_task(stopper())
+        results = await run(client, requests, window=4)
+        await stopping
+        assert [r.token_ids for r in results] == single  # every sample once, as one server answers it
+        finals_after = [e.endpoint for e in events if e.kind == "final"][finals_before_stop[0] :]
+        assert finals_after and set(finals_after) == {client.endpoints[0].name}
+
+        port = int(victim.url.rsplit(":", 1)[1])
+        replicas[1] = start(victim.spec, victim.model_dir, server_pool.log_dir, port)
+        await asyncio.sleep(1.0)  # its sit-out ends
+        events.clear()
+        more = workload(documents=6, uses=2)
+        again = await run(client, more)
+        assert span_hit_rate(client, more, again) >= 0.99
+    assert {e.endpoint for e in events if e.kind == "span"} >= {victim_name}
+    assert victim_name in {e.endpoint for e in events if e.kind == "final"}
