@@ -44,7 +44,8 @@ class FakeServer:
 
     `faults` is consumed one entry per ``/v1/completions`` request: ``"503"``,
     ``"429"``, ``"400"`` (answers that status), ``"drop"`` (connection error
-    before an answer), ``"break"`` (a stream that dies after its first chunk).
+    before an answer), ``"break"`` (a stream that dies after its first chunk),
+    ``"abort"`` (a stream whose second event is vLLM's error event, code 500).
     While `down` is set, every request fails to connect (a stopped replica).
     """
 
@@ -155,6 +156,8 @@ class FakeServer:
         ]
         events[-1]["choices"][0]["finish_reason"] = "length"
         events.append({"choices": [], "usage": usage})
+        if fault == "abort":
+            events[1:] = [{"error": {"message": "EngineCore encountered an issue (injected)", "code": 500}}]
         chunks = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
         return httpx.Response(
             200,

@@ -29,7 +29,7 @@ from minipic_client import (
     TransportError,
 )
 from minipic_client.batch import read_samples, run_batch
-from minipic_client.placement import DP_RANK_HEADER
+from minipic_client.placement import DP_RANK_HEADER, weight
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -207,6 +207,20 @@ async def test_a_replica_that_dies_mid_run_loses_its_work_once_and_gets_it_back(
         results = await answers(client, more)
         assert hit_rate(client, more, results) == 1.0
     assert victim.of_kind("span") and victim.of_kind("final")  # placement uses it again
+
+
+@pytest.mark.parametrize("fault", ["break", "abort"])
+async def test_a_replica_failing_mid_answer_hands_the_sample_to_another(fake_fleet: Fleet, fault: str) -> None:
+    fleet = fake_fleet(["http://r0", "http://r1"])
+    request = one_doc_each(docs(1), uses=1)[0]
+    async with fleet.client(failover_s=0.2) as client:
+        span = next(p for p in client.rag_layout(request).prefills if p.kind == "span")
+        first = max(fleet.servers, key=lambda name: weight(span.key, name))  # its home: both are empty
+        fleet.servers[first].faults.extend(["", fault])  # the prefill is answered, the final fails
+        result = await client.rag(docs=request.docs, task=request.task, system=request.system, max_tokens=2)
+    other = next(s for name, s in fleet.servers.items() if name != first)
+    assert result.token_ids == [100, 101] and len(other.of_kind("final")) == 1
+    assert len(fleet.servers[first].of_kind("final")) == 1
 
 
 async def test_with_every_replica_down_the_call_fails_with_one_line(

