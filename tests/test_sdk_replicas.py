@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["sdk_fixtures"]  # fake_fleet
 
 SYSTEM = "Answer from the documents."
+LONG = "A long record: " + "the ferry leaves at dawn. " * 12 + "\n"
 
 
 def docs(n: int) -> list[str]:
@@ -117,7 +118,7 @@ async def test_a_final_goes_where_most_of_its_span_tokens_are(
 ) -> None:
     fleet = fake_fleet(["http://r0", "http://r1"])
     servers = fleet.servers
-    short, long_ = "A short note.\n", "A long record: " + "the ferry leaves at dawn. " * 12 + "\n"
+    short, long_ = "A short note.\n", LONG
     async with fleet.client() as client:
         await client.rag(docs=[long_], task="When?", max_tokens=1)
         await client.rag(docs=[short], task="When?", max_tokens=1)
@@ -128,6 +129,23 @@ async def test_a_final_goes_where_most_of_its_span_tokens_are(
     assert [len(s.of_kind("final")) for s in servers.values()] == [int(s is holder) for s in servers.values()]
     # Where the short span was missing, it was prefilled first; the final hit both.
     assert result.cached_tokens == client.rag_layout(RagRequest("When?", [short, long_])).cacheable_tokens
+
+
+async def test_an_affinity_header_keeps_a_jobs_requests_and_its_main_document_together(
+    fake_fleet: Fleet,
+) -> None:
+    fleet = fake_fleet(["http://router"])
+    long_, short, other = LONG, "A short note.\n", "Another note.\n"
+    async with fleet.client(affinity_header="X-MiniPIC-Affinity") as client:
+        for documents in ([long_, short], [other, long_], [short]):
+            await client.rag(docs=documents, task="When?", max_tokens=1)
+        keys = [
+            next(p.key.hex() for p in client.rag_layout(RagRequest("When?", [d])).prefills if p.kind == "span")
+            for d in (long_, short)
+        ]
+    values = [h.get("X-MiniPIC-Affinity") for h in fleet.servers["http://router"].headers]
+    # /minipic/info; two prefills and two finals led by the long document; the short one's final.
+    assert values == [None, keys[0], keys[0], keys[0], keys[0], keys[1]]
 
 
 @dataclass
@@ -258,6 +276,7 @@ async def test_replicas_of_different_models_are_refused(
         (lambda: Endpoint("a:8000"), "must start with http:// or https://"),
         (lambda: Rendezvous(load_factor=0.5), "load_factor must be at least 1.0"),
         (lambda: SpanClient("http://a", failover_s=0), "failover_s must be positive"),
+        (lambda: SpanClient("http://a", affinity_header="X Key"), "affinity_header must be a header name"),
     ],
 )
 def test_bad_fleet_settings_get_one_line(make: Any, message: str) -> None:

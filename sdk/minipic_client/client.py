@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import aclosing
@@ -24,7 +25,7 @@ from minipic_client.errors import (
     StreamInterruptedError,
     TransportError,
 )
-from minipic_client.placement import Endpoint, Placement, Route, SpanAffinity, endpoints_of
+from minipic_client.placement import Endpoint, Placement, Route, SpanAffinity, affinity_key, endpoints_of
 from minipic_client.prompt import (
     BlockAttention,
     ChatTemplate,
@@ -184,6 +185,8 @@ class SpanClient:
         placement: where jobs go among several replicas.
         failover_s: with several replicas, how long one is retried before its work
             moves to the others (and how long it then sits out).
+        affinity_header: a header that carries each job's `affinity_key` on its
+            requests, for a router that hashes on it (docs/scale-out.md).
     """
 
     def __init__(
@@ -201,11 +204,16 @@ class SpanClient:
         cache_salt: str | None = None,
         placement: Placement = SpanAffinity(),
         failover_s: float = 5.0,
+        affinity_header: str | None = None,
     ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be at least 1, got {max_in_flight}")
         if not failover_s > 0:
             raise ConfigError(f"failover_s must be positive, got {failover_s!r}")
+        if affinity_header is not None and not re.fullmatch(r"[A-Za-z0-9-]+", str(affinity_header)):
+            raise ConfigError(
+                f"affinity_header must be a header name such as X-MiniPIC-Affinity, got {affinity_header!r}"
+            )
         _check_salt(cache_salt)
         endpoints = endpoints_of(base_url)
         # With others to fail over to, a replica is retried only for failover_s.
@@ -214,6 +222,7 @@ class SpanClient:
         self._retry = retry
         self._placement = placement
         self._failover_s = failover_s
+        self._affinity_header = affinity_header
         self._cache_salt = cache_salt
         self._tokenizer_arg = tokenizer
         self._max_in_flight = max_in_flight
@@ -476,17 +485,19 @@ class SpanClient:
         restarted. A replica that fails sits out and, until the first delta, the job
         is routed again among the others."""
         deadline = time.monotonic() + self._retry.total_s
+        headers = self._headers(job)
         while True:
             route = await self._route(job, deadline)
             replica = route.prefill
             try:
-                await replica.scheduler.prefill(job.prefills)
+                await replica.scheduler.prefill(job.prefills, headers)
                 replica = route.final
                 events = replica.scheduler.stream(
                     job.layout.token_ids,
                     max_tokens=job.max_tokens,
                     temperature=job.temperature,
                     cache_salt=job.cache_salt,
+                    headers=headers,
                 )
                 async with aclosing(events):
                     async for event in events:
@@ -524,8 +535,16 @@ class SpanClient:
     async def _prefill_all(self, jobs: list[_Job]) -> None:
         """BATCHED's barrier: each job's prefills, sent where its final will go."""
         up = [r for r in self._replicas if r.up(time.monotonic())] or list(self._replicas)
-        sent = [self._placement.route(job.prefills, up).prefill.scheduler.send(job.prefills) for job in jobs]
+        sent = [
+            self._placement.route(job.prefills, up).prefill.scheduler.send(job.prefills, self._headers(job))
+            for job in jobs
+        ]
         await asyncio.gather(*sent)
+
+    def _headers(self, job: _Job) -> dict[str, str] | None:
+        """The job's affinity header, when the client sends one and the job has spans."""
+        key = None if self._affinity_header is None else affinity_key(job.prefills)
+        return None if self._affinity_header is None or key is None else {self._affinity_header: key}
 
     async def _check_restart(self, replica: Replica) -> None:
         """Forget the replica's prefilled spans if it restarted (rate-limited)."""

@@ -105,6 +105,13 @@ class Placement(Protocol):
         ...
 
 
+def affinity_key(prefills: Sequence[Prefill]) -> str | None:
+    """A job's key for a router's consistent hashing: its largest span's digest, so a
+    job's requests stay together and prompts about the same main document meet."""
+    spans = [p for p in prefills if p.kind == "span"]
+    return max(spans, key=lambda p: len(p.token_ids)).key.hex() if spans else None
+
+
 def weight(key: bytes, name: str) -> int:
     """Rendezvous weight of a span on a replica: every client computes the same one."""
     return int.from_bytes(hashlib.blake2b(key + name.encode(), digest_size=8).digest(), "big")

@@ -133,11 +133,14 @@ class Scheduler:
         for prefill in prefills:
             self._done_tokens -= self._done.pop(prefill.key, 0)
 
-    async def prefill(self, prefills: Iterable[Prefill]) -> None:
-        """Make `prefills` resident, sending only those no one sent or is sending."""
-        await self.send(prefills)
+    async def prefill(self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None) -> None:
+        """Make `prefills` resident, sending only those no one sent or is sending
+        (`headers` go with the requests this call sends)."""
+        await self.send(prefills, headers)
 
-    def send(self, prefills: Iterable[Prefill]) -> asyncio.Future[list[None]]:
+    def send(
+        self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None
+    ) -> asyncio.Future[list[None]]:
         """`prefill`, its requests started at once (so placement sees them as held
         before it routes the next job); await the result to wait for them.
 
@@ -152,7 +155,7 @@ class Scheduler:
             salted = [p for p in fresh if p.cache_salt == salt]
             for start in range(0, len(salted), step):
                 chunk = salted[start : start + step]
-                task = asyncio.create_task(self._send_prefills(chunk))
+                task = asyncio.create_task(self._send_prefills(chunk, headers))
                 sizes = {p.key: len(p.token_ids) for p in chunk}
                 self._pending.update(dict.fromkeys(sizes, task))
                 self._pending_tokens += sum(sizes.values())
@@ -162,7 +165,13 @@ class Scheduler:
         return asyncio.gather(*map(asyncio.shield, tasks.values()))
 
     async def stream(
-        self, token_ids: Sequence[int], *, max_tokens: int, temperature: float, cache_salt: str | None = None
+        self,
+        token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        cache_salt: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Stream a final prompt's completion events while holding one slot."""
         body = {
@@ -181,7 +190,7 @@ class Scheduler:
             try:
                 start = time.perf_counter()
                 cached = None
-                async with aclosing(self._conn.stream(COMPLETIONS, body)) as events:
+                async with aclosing(self._conn.stream(COMPLETIONS, body, headers)) as events:
                     async for event in events:
                         usage = usage_of(event)
                         if usage is not None:
@@ -200,7 +209,7 @@ class Scheduler:
                 self._done[key] = size
                 self._done_tokens += size
 
-    async def _send_prefills(self, prefills: list[Prefill]) -> None:
+    async def _send_prefills(self, prefills: list[Prefill], headers: dict[str, str] | None) -> None:
         prompts = [list(p.token_ids) for p in prefills]
         body = {
             "model": self._model,
@@ -216,7 +225,7 @@ class Scheduler:
         self._busy += len(prefills)
         try:
             start = time.perf_counter()
-            response = await self._conn.post_json(COMPLETIONS, body)
+            response = await self._conn.post_json(COMPLETIONS, body, headers)
         finally:
             self._busy -= len(prefills)
             for _ in prefills:

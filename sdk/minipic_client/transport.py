@@ -126,15 +126,17 @@ class Connection:
 
     async def get_json(self, path: str, *, quick: bool = False) -> Any:
         """GET `path`; `quick`: retried for `connect_s` only (the first contact, restart checks)."""
-        return await self.retry.retrying(quick=quick)(self._send_json, "GET", path, None)
+        return await self.retry.retrying(quick=quick)(self._send_json, "GET", path, None, None)
 
-    async def post_json(self, path: str, body: dict[str, Any]) -> Any:
-        return await self.retry.retrying()(self._send_json, "POST", path, body)
+    async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        return await self.retry.retrying()(self._send_json, "POST", path, body, headers)
 
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Data events of a streaming POST. Retried until the first event arrives; a
         connection lost after it raises `StreamInterruptedError`."""
-        opened: _Opened = await self.retry.retrying()(self._open_stream, path, body)
+        opened: _Opened = await self.retry.retrying()(self._open_stream, path, body, headers)
         response, events, first = opened
         try:
             yield first
@@ -147,17 +149,19 @@ class Connection:
             await events.aclose()
             await response.aclose()
 
-    async def _send_json(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    async def _send_json(
+        self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str] | None
+    ) -> Any:
         with _httpx_errors(f"{method} {path}"):
-            response = await self._http.request(method, path, json=body)
+            response = await self._http.request(method, path, json=body, headers=headers)
         _raise_for_status(response)
         try:
             return response.json()
         except ValueError as exc:
             raise ServerError(response.status_code, f"invalid JSON from {path}: {exc}") from exc
 
-    async def _open_stream(self, path: str, body: dict[str, Any]) -> _Opened:
-        request = self._http.build_request("POST", path, json=body)
+    async def _open_stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None) -> _Opened:
+        request = self._http.build_request("POST", path, json=body, headers=headers)
         with _httpx_errors(f"POST {path}"):
             response = await self._http.send(request, stream=True)
         events = _events(response, f"POST {path}")
