@@ -81,7 +81,7 @@ class Replica:
     def sit_out(self, error: MiniPICError, seconds: float) -> None:
         """Take it out of placement for `seconds` and forget what it held."""
         if self.up(time.monotonic()):
-            logger.warning("%s failed (%s): its work moves to the other replicas for %.0f s", self.name, error, seconds)
+            logger.warning("%s failed (%s): its work moves to the other replicas for %g s", self.name, error, seconds)
         self.down_until = time.monotonic() + seconds
         self.scheduler.forget()
 
