@@ -128,14 +128,14 @@ class ServerPool:
         self._release()
 
     @contextmanager
-    def side_by_side(self, spec: ServerSpec, count: int) -> Iterator[list[RunningServer]]:
-        """`count` servers of `spec` at once, server i bound to core i (the pool's own
+    def side_by_side(self, specs: list[ServerSpec]) -> Iterator[list[RunningServer]]:
+        """A server of each spec at once, server i bound to core i (the pool's own
         server is stopped and the lock held meanwhile)."""
         self.stop()
         self._acquire()
         servers: list[RunningServer] = []
         try:
-            for core in range(count):
+            for core, spec in enumerate(specs):
                 bound = replace(spec, env=(*spec.env, ("VLLM_CPU_OMP_THREADS_BIND", str(core))))
                 servers.append(start(bound, self.model_dir, self.log_dir))
             yield servers

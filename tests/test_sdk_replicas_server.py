@@ -1,10 +1,11 @@
 """Placement across two real `minipic serve` replicas (the tiny model, one CPU core each):
-span hits with placement against round-robin, answers equal to one server's, and a
-replica stopped mid-run and started again."""
+span hits with placement against round-robin, answers equal to one server's, a replica
+stopped mid-run and started again, and an eviction learned from vLLM's KV events."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from minipic_client import RagRequest, RagResult, RequestEvent, RoundRobin, SpanClient
+from minipic_client import Endpoint, RagRequest, RagResult, RequestEvent, RoundRobin, SpanClient
+from minipic_server.launch import free_port
 
 from servers import RunningServer, ServerPool, ServerSpec, start
 
@@ -21,9 +23,18 @@ pytestmark = pytest.mark.server
 SYSTEM = "Answer from the documents."
 
 
+EVENT_PORTS = [free_port(), free_port()]
+
+
+def publishing(port: int) -> ServerSpec:
+    """`minipic serve` publishing its KV events on `port`."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+    return ServerSpec(extra_args=("--kv-events-config", json.dumps(config)))
+
+
 @pytest.fixture(scope="module")
 def replicas(server_pool: ServerPool) -> Iterator[list[RunningServer]]:
-    with server_pool.side_by_side(ServerSpec(), 2) as servers:
+    with server_pool.side_by_side([publishing(port) for port in EVENT_PORTS]) as servers:
         yield servers
 
 
@@ -126,3 +137,27 @@ async def test_a_replica_stopped_mid_run_and_started_again(
         assert span_hit_rate(client, more, again) >= 0.99
     assert {e.endpoint for e in events if e.kind == "span"} >= {victim_name}
     assert victim_name in {e.endpoint for e in events if e.kind == "final"}
+
+
+async def test_an_evicted_span_is_prefilled_again_before_its_prompt_misses(replicas: list[RunningServer]) -> None:
+    """8,192 tokens of KV cache: 40 documents of ~300 tokens evict the first one. The KV
+    events tell the client, so its next prompt prefills the document first and hits it."""
+    tag = uuid.uuid4().hex[:8]
+    first = RagRequest("Which mill?", [f"Report {tag}: the river runs past the mill and the school.\n"], SYSTEM)
+    flood = [
+        RagRequest("Which?", [f"Note {tag}-{i}: " + " ".join(f"word{i}x{j}" for j in range(150)) + "\n"], SYSTEM,
+                   max_tokens=1)
+        for i in range(40)
+    ]
+    events: list[RequestEvent] = []
+    endpoint = Endpoint(replicas[0].url, kv_events=f"tcp://127.0.0.1:{EVENT_PORTS[0]}")
+    async with SpanClient([endpoint], on_request=events.append) as client:
+        await asyncio.sleep(0.5)  # the subscription is up before anything is stored
+        await client.rag(task=first.task, docs=first.docs, system=first.system, max_tokens=2)
+        await run(client, flood, window=4)
+        await asyncio.sleep(1.0)  # the last events arrive
+        events.clear()
+        again = await client.rag(task=first.task, docs=first.docs, system=first.system, max_tokens=2)
+        promised = client.rag_layout(first).cacheable_tokens
+    assert [e.kind for e in events] == ["span", "final"]
+    assert again.cached_tokens == promised

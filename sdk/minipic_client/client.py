@@ -25,6 +25,7 @@ from minipic_client.errors import (
     StreamInterruptedError,
     TransportError,
 )
+from minipic_client.kv_events import BlockLedger, SpanIndex, follow, subscribe
 from minipic_client.placement import Endpoint, Placement, Route, SpanAffinity, affinity_key, endpoints_of
 from minipic_client.prompt import (
     BlockAttention,
@@ -223,6 +224,8 @@ class SpanClient:
         self._placement = placement
         self._failover_s = failover_s
         self._affinity_header = affinity_header
+        self._span_index: SpanIndex | None = None  # with KV events: the spans to recognise in them
+        self._followers: list[asyncio.Task[None]] = []
         self._cache_salt = cache_salt
         self._tokenizer_arg = tokenizer
         self._max_in_flight = max_in_flight
@@ -282,14 +285,29 @@ class SpanClient:
                 name=replica.name,
             )
             replica.attach(replica_info, scheduler)
+        self._follow_kv_events(info.block_size)
         chat = ChatTemplate(tokenizer) if tokenizer.chat_template else None
         max_model_len = min(i.max_model_len for i in infos)
         self._session = _Session(tokenizer, builder, chat, max_model_len)
         return info
 
     async def aclose(self) -> None:
+        for task in self._followers:
+            task.cancel()
+        await asyncio.gather(*self._followers, return_exceptions=True)
         for replica in self._replicas:
             await replica.http.aclose()
+
+    def _follow_kv_events(self, block_size: int) -> None:
+        """Start following the KV events of every endpoint that publishes them."""
+        publishing = [r for r in self._replicas if r.endpoint.kv_events is not None]
+        if not publishing or self._followers:
+            return
+        self._span_index = SpanIndex(block_size)
+        for replica in publishing:
+            socket = subscribe(str(replica.endpoint.kv_events))
+            ledger = BlockLedger(self._span_index)
+            self._followers.append(asyncio.create_task(follow(socket, replica.name, ledger, replica.scheduler)))
 
     @property
     def info(self) -> ServerInfo:
@@ -486,6 +504,8 @@ class SpanClient:
         is routed again among the others."""
         deadline = time.monotonic() + self._retry.total_s
         headers = self._headers(job)
+        if self._span_index is not None:
+            self._span_index.watch(job.prefills)
         while True:
             route = await self._route(job, deadline)
             replica = route.prefill
@@ -535,6 +555,8 @@ class SpanClient:
     async def _prefill_all(self, jobs: list[_Job]) -> None:
         """BATCHED's barrier: each job's prefills, sent where its final will go."""
         up = [r for r in self._replicas if r.up(time.monotonic())] or list(self._replicas)
+        if self._span_index is not None:
+            self._span_index.watch(p for job in jobs for p in job.prefills)
         sent = [
             self._placement.route(job.prefills, up).prefill.scheduler.send(job.prefills, self._headers(job))
             for job in jobs

@@ -27,16 +27,22 @@ DP_RANK_HEADER = "X-data-parallel-rank"
 class Endpoint:
     """One place requests go: a server's base URL and, for one ``vllm serve
     --data-parallel-size N`` server, the engine rank vLLM's ``X-data-parallel-rank``
-    header pins a request to (each rank has its own KV cache)."""
+    header pins a request to (each rank has its own KV cache). `kv_events`: the ZMQ
+    address its KV events are published on (``tcp://host:5557``), to follow what it
+    really caches (`minipic_client.kv_events`)."""
 
     url: str
     dp_rank: int | None = None
+    kv_events: str | None = None
 
     def __post_init__(self) -> None:
         root_url(self.url)  # a bad URL fails here, with its one line
         rank = self.dp_rank
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
             raise ConfigError(f"dp_rank of {self.url} must be a non-negative int or None, got {rank!r}")
+        if self.kv_events is not None and not str(self.kv_events).startswith(("tcp://", "ipc://")):
+            raise ConfigError(f"kv_events of {self.url} must be a ZMQ address such as tcp://host:5557, "
+                              f"got {self.kv_events!r}")
 
     @classmethod
     def ranks(cls, url: str, size: int) -> tuple[Endpoint, ...]:

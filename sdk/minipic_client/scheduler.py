@@ -130,8 +130,18 @@ class Scheduler:
             self._done.clear()
             self._done_tokens = 0
             return
-        for prefill in prefills:
-            self._done_tokens -= self._done.pop(prefill.key, 0)
+        self.drop(p.key for p in prefills)
+
+    def drop(self, keys: Iterable[bytes]) -> None:
+        """`forget` by key: the server reported those prefills' blocks evicted."""
+        for key in keys:
+            self._done_tokens -= self._done.pop(key, 0)
+
+    def record(self, key: bytes, size: int) -> None:
+        """Count a prefill as done: the server reported its blocks stored (by anyone)."""
+        if key not in self._done:
+            self._done[key] = size
+            self._done_tokens += size
 
     async def prefill(self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None) -> None:
         """Make `prefills` resident, sending only those no one sent or is sending
@@ -205,9 +215,8 @@ class Scheduler:
         for key, size in sizes.items():
             del self._pending[key]
             self._pending_tokens -= size
-            if succeeded and key not in self._done:
-                self._done[key] = size
-                self._done_tokens += size
+            if succeeded:
+                self.record(key, size)
 
     async def _send_prefills(self, prefills: list[Prefill], headers: dict[str, str] | None) -> None:
         prompts = [list(p.token_ids) for p in prefills]
