@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from minipic_client import Endpoint, RagRequest, RagResult, RequestEvent, RoundRobin, SpanClient
 from minipic_server.launch import free_port
 
+from batch_signals import batch_command
 from servers import RunningServer, ServerPool, ServerSpec, start
 
 pytestmark = pytest.mark.server
@@ -66,9 +69,9 @@ def span_hit_rate(client: SpanClient, requests: list[RagRequest], results: list[
     return sum(r.cached_tokens or 0 for r in results) / promised
 
 
-async def one_server_answers(server: RunningServer, requests: list[RagRequest]) -> list[list[int]]:
+async def one_server_answers(server: RunningServer, requests: list[RagRequest]) -> list[RagResult]:
     async with SpanClient(server.url, cache_salt=uuid.uuid4().hex) as client:
-        return [r.token_ids for r in await run(client, requests)]
+        return await run(client, requests)
 
 
 async def test_placement_hits_every_span_round_robin_does_not_and_answers_are_one_servers(
@@ -83,7 +86,7 @@ async def test_placement_hits_every_span_round_robin_does_not_and_answers_are_on
     async with SpanClient(urls, placement=RoundRobin(), cache_salt=uuid.uuid4().hex) as client:
         spread = await run(client, requests, window=1)
         round_robin_rate = span_hit_rate(client, requests, spread)
-    single = await one_server_answers(replicas[0], requests)
+    single = [r.token_ids for r in await one_server_answers(replicas[0], requests)]
     print(f"span hit rate: placement {placed_rate:.3f}, round-robin {round_robin_rate:.3f}")
 
     assert placed_rate >= 0.99 and round_robin_rate <= 0.75
@@ -97,11 +100,28 @@ async def test_placement_hits_every_span_round_robin_does_not_and_answers_are_on
     }
 
 
+async def test_minipic_batch_over_two_replicas(replicas: list[RunningServer], tmp_path: Path) -> None:
+    requests = workload()
+    samples = tmp_path / "in.jsonl"
+    samples.write_text("".join(
+        json.dumps({"id": f"q{i}", "system": r.system, "docs": list(r.docs), "task": r.task}) + "\n"
+        for i, r in enumerate(requests)
+    ))
+    servers = [arg for server in replicas for arg in ("--server", server.url)]
+    command = batch_command(str(samples), *servers, "--output", str(tmp_path / "out.jsonl"), "--max-tokens", "6")
+    done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    single = [r.text for r in await one_server_answers(replicas[0], requests)]
+    assert sorted(line["id"] for line in lines) == sorted(f"q{i}" for i in range(len(requests)))
+    assert {line["id"]: line["text"] for line in lines} == {f"q{i}": text for i, text in enumerate(single)}
+
+
 async def test_a_replica_stopped_mid_run_and_started_again(
     replicas: list[RunningServer], server_pool: ServerPool
 ) -> None:
     requests = workload(documents=8, uses=2)
-    single = await one_server_answers(replicas[0], requests)
+    single = [r.token_ids for r in await one_server_answers(replicas[0], requests)]
     victim = replicas[1]
     events: list[RequestEvent] = []
     finals_before_stop: list[int] = []

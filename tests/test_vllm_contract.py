@@ -177,3 +177,20 @@ def test_completions_honour_the_data_parallel_rank_header(release: tuple[str, Vl
     assert DP_RANK_HEADER in {node.value for node in ast.walk(base) if isinstance(node, ast.Constant)}
     calls = {node.attr for node in ast.walk(completions) if isinstance(node, ast.Attribute)}
     assert "_get_data_parallel_rank" in calls
+
+
+def test_kv_events_carry_what_the_client_reads(release: tuple[str, VllmSource]) -> None:
+    """`minipic_client.kv_events` decodes these fields, in this order for the batch."""
+    _, source = release
+    events, config = source.module("vllm.distributed.kv_events"), source.module("vllm.config.kv_events")
+    assert events is not None and config is not None
+
+    def fields(module: ast.Module, name: str) -> list[str]:
+        cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name)
+        return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+
+    assert fields(events, "EventBatch")[0] == "ts" and fields(events, "KVEventBatch") == ["events"]
+    assert fields(events, "BlockStored")[:4] == ["block_hashes", "parent_block_hash", "token_ids", "block_size"]
+    assert fields(events, "BlockRemoved")[0] == "block_hashes"
+    assert fields(events, "AllBlocksCleared") == []
+    assert {"enable_kv_cache_events", "publisher", "endpoint"} <= set(fields(config, "KVEventsConfig"))
