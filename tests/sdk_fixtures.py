@@ -45,7 +45,8 @@ class FakeServer:
     `faults` is consumed one entry per ``/v1/completions`` request: ``"503"``,
     ``"429"``, ``"400"`` (answers that status), ``"drop"`` (connection error
     before an answer), ``"break"`` (a stream that dies after its first chunk),
-    ``"abort"`` (a stream whose second event is vLLM's error event, code 500).
+    ``"abort"`` (a stream whose second event is vLLM's error event, code 500), ``"cut"``
+    (a stream closed cleanly after its first chunk, without ``[DONE]``).
     While `down` is set, every request fails to connect (a stopped replica).
     """
 
@@ -162,7 +163,7 @@ class FakeServer:
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},
-            content=_broken(chunks[0]) if fault == "break" else _chunks(chunks),
+            content=_broken(chunks[0]) if fault == "break" else _chunks(chunks[:1] if fault == "cut" else chunks),
         )
 
     def _block_hashes(self, ids: list[int]) -> list[int]:

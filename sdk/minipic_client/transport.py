@@ -170,10 +170,7 @@ class Connection:
                 with _httpx_errors(f"POST {path}"):
                     await response.aread()
                 _raise_for_status(response)
-            try:
-                first = await anext(events)
-            except StopAsyncIteration:
-                raise TransportError(f"POST {path}: stream ended before its first chunk") from None
+            first = await anext(events)
         except BaseException:
             await events.aclose()
             await response.aclose()
@@ -199,7 +196,9 @@ def _httpx_errors(what: str) -> Iterator[None]:
 
 async def _events(response: httpx.Response, what: str) -> AsyncGenerator[dict[str, Any], None]:
     """vLLM's server-sent events as JSON objects, up to ``data: [DONE]``; an error
-    event is raised as the error it reports."""
+    event is raised as the error it reports, and a stream that ends without ``[DONE]``
+    (a server killed mid-answer can close it cleanly) as a `TransportError`, never as a
+    shorter answer."""
     with _httpx_errors(what):
         async for sse in EventSource(response).aiter_sse():
             if sse.data == "[DONE]":
@@ -212,6 +211,7 @@ async def _events(response: httpx.Response, what: str) -> AsyncGenerator[dict[st
             if error is not None:
                 raise _api_error(error.get("code") or 500, _message(event))
             yield event
+    raise TransportError(f"{what}: stream ended without [DONE]")
 
 
 def _raise_for_status(response: httpx.Response) -> None:
