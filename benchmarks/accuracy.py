@@ -32,14 +32,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from provenance import provenance
-
 from minipic_client import SpanClient, Tokenizer
 from minipic_server.launch import local_server
 
 from accuracy_families import FAMILIES, Corpus, Question, build_family, extract_facts, is_correct, reuse_stats
 from accuracy_layouts import LAYOUTS, SYSTEM, LayoutContext, PassResult, Prompt, run_pass, server_counters
 from accuracy_stats import versus, wilson
+from provenance import provenance
 
 SCHEMA = "minipic-accuracy/2"
 STOCK = "stock_full"  # with --stock: the plain prompts through stock `vllm serve` (no plugin)

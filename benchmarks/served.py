@@ -49,13 +49,14 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import provenance  # noqa: E402
 from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
 from minipic_client import SpanClient  # noqa: E402
 from minipic_client.client import RagRequest, pooled_transport  # noqa: E402
 from minipic_client.scheduler import MAX_PROMPTS_PER_REQUEST, RequestEvent, Strategy  # noqa: E402
 from minipic_server.launch import free_port, serve_argv, server_env, stop, wait_until_ready  # noqa: E402
+
+from provenance import provenance  # noqa: E402
 
 # A perfect PIC run on the H200 computes only unique tokens: about 66 samples/s of this
 # workload (../shared/device/README.md: 55k tokens/s ceiling, ~830 computed tokens/sample).

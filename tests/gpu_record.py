@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from provenance import provenance
 
 _outcomes: dict[str, dict[str, object]] = {}

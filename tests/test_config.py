@@ -19,6 +19,7 @@ from minipic_server.markers import MarkerIds
 from minipic_server.serve import CPU_BLOCK_SIZE, plugin_allowlist, serve_args, serve_defaults, vllm_serve_parser
 
 MARKERS = {"ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7}
+PICKED = {**MARKERS, "hsep_token_id": 2048}  # the tiny model's HSep, picked after the three
 
 
 def engine_config(model_dir: Path, markers: dict | None = MARKERS, **kwargs):
@@ -45,6 +46,20 @@ def test_section_parsing_names_the_problem() -> None:
         PicConfig.from_section({**MARKERS, "sep": 1})
     with pytest.raises(MiniPICConfigError, match="non-negative integer"):
         PicConfig(-1, 2, 3)
+    with pytest.raises(MiniPICConfigError, match="require_cache_salt must be true or false, got 'yes'"):
+        PicConfig.from_section({**MARKERS, "require_cache_salt": "yes"})
+    assert PicConfig.from_section({**MARKERS, "require_cache_salt": True}).require_cache_salt
+    with pytest.raises(MiniPICConfigError, match="must differ.*hsep_token_id=5"):
+        PicConfig(5, 6, 7, 5)
+    with pytest.raises(MiniPICConfigError, match="minipic.hsep_token_id must be a non-negative integer"):
+        PicConfig(5, 6, 7, True)  # type: ignore[arg-type]
+
+
+def test_sections_with_and_without_hsep() -> None:
+    assert PicConfig.from_section(MARKERS).hsep_token_id is None  # written before hidden heads existed
+    pic = PicConfig.from_section(PICKED)
+    assert pic.markers == PICKED and pic.marker_ids == (5, 6, 7, 2048) and pic.kind_marker_ids == (5, 6, 2048)
+    assert PicConfig(**MARKERS).marker_ids == (5, 6, 7)
 
 
 def test_activation_is_part_of_vllms_config_hash(tiny_model_dir: Path) -> None:
@@ -66,7 +81,7 @@ def test_serve_defaults_sit_under_the_users_flags(tiny_model_dir: Path) -> None:
     args = parse_serve(tiny_model_dir)
     assert args.enable_prefix_caching and args.enable_prompt_tokens_details
     assert args.block_size == CPU_BLOCK_SIZE and args.kv_cache_memory_bytes > 0
-    assert args.additional_config == {"minipic": MARKERS}
+    assert args.additional_config == {"minipic": PICKED}
     gpu = parse_serve(tiny_model_dir, on_cpu=False)
     assert gpu.block_size is None and gpu.kv_cache_memory_bytes is None
     # Every spelling vLLM accepts wins over a default (the underscore one was lost before).
@@ -77,16 +92,29 @@ def test_serve_defaults_sit_under_the_users_flags(tiny_model_dir: Path) -> None:
 
 
 def test_serve_merges_the_minipic_section_into_the_users_additional_config(tiny_model_dir: Path) -> None:
-    config = {"x": 1, "minipic": MARKERS}
+    config = {"x": 1, "minipic": PICKED}
     assert parse_serve(tiny_model_dir, "--additional-config", '{"x": 1}').additional_config == config
     assert parse_serve(tiny_model_dir, "--additional-config.x", "1").additional_config == config
     user = parse_serve(tiny_model_dir, "--additional-config", '{"minipic": {"pad_token_id": 9}, "y": [1]}')
-    assert user.additional_config == {"y": [1], "minipic": {**MARKERS, "pad_token_id": 9}}
+    assert user.additional_config == {"y": [1], "minipic": {**PICKED, "pad_token_id": 9}}
+    salted = serve_args(vllm_serve_parser({})[0], str(tiny_model_dir), [], MarkerIds(**MARKERS),
+                        require_cache_salt=True)
+    assert salted.additional_config == {"minipic": {**PICKED, "require_cache_salt": True}}
 
 
 def test_serve_picks_markers_from_the_tokenizer_vllm_will_load(tiny_model_dir: Path) -> None:
     args = parse_serve(Path("m"), "--tokenizer", str(tiny_model_dir), markers=None)
-    assert args.additional_config == {"minipic": MARKERS}
+    assert args.additional_config == {"minipic": PICKED}
+
+
+def test_an_hsep_override_is_checked_like_the_other_markers(tiny_model_dir: Path) -> None:
+    parser, _ = vllm_serve_parser(serve_defaults(True))
+    args = serve_args(parser, str(tiny_model_dir), [], None, hsep_token_id=2048)
+    assert args.additional_config == {"minipic": PICKED}
+    with pytest.raises(MiniPICConfigError, match="^hsep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary"):
+        serve_args(parser, str(tiny_model_dir), [], None, hsep_token_id=100)
+    with pytest.raises(MiniPICConfigError, match="must differ"):
+        serve_args(parser, str(tiny_model_dir), [], MarkerIds(**MARKERS), hsep_token_id=7)
 
 
 def test_plugin_allowlist_keeps_other_plugins() -> None:
@@ -107,6 +135,8 @@ def test_info_names_a_local_tokenizer_by_its_absolute_path(tiny_model_dir: Path,
         (MARKERS, {"enable_prefix_caching": False}, "needs prefix caching"),
         ({**MARKERS, "pad_token_id": 50000}, {}, "pad_token_id=50000 is outside the model's embedding table"),
         ({**MARKERS, "ssep_token_id": 100}, {}, "ssep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary"),
+        ({**MARKERS, "hsep_token_id": 100}, {}, "hsep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary"),
+        ({**MARKERS, "hsep_token_id": 5000}, {}, "hsep_token_id=5000 is outside the model's embedding table"),
         (MARKERS, {"enable_lora": True}, "does not support LoRA"),
         (MARKERS, {"kv_offloading_size": 1.0}, r"does not support KV offloading yet \(--kv-offloading-size\)"),
         (MARKERS, {"kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}},
@@ -162,6 +192,7 @@ def _check_rope_guards() -> None:
         (["--attention-backend", "FLEX_ATTENTION"], "--attention-backend FLEX_ATTENTION cannot be used with MiniPIC"),
         (["--ssep-token-id", "100", "--pdep-token-id", "6", "--pad-token-id", "7"],
          "ssep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary token, which text produces"),
+        (["--hsep-token-id", "100"], "hsep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary token"),
     ],
 )
 def test_a_refused_start_ends_with_minipics_one_line(tiny_model_dir: Path, flags, message) -> None:

@@ -109,9 +109,10 @@ def test_generated_tokens_never_act_as_markers() -> None:
 def test_marker_ids_are_banned_from_sampling() -> None:
     params = SamplingParams(max_tokens=4)
     params._bad_words_token_ids = [[99, 100]]
-    ban_markers(params, PIC)
-    ban_markers(params, PIC)  # idempotent
-    assert params.bad_words_token_ids == [[99, 100], [SSEP], [PDEP], [PAD]]
+    with_hsep = PicConfig(SSEP, PDEP, PAD, hsep_token_id=4)
+    ban_markers(params, with_hsep)
+    ban_markers(params, with_hsep)  # idempotent
+    assert params.bad_words_token_ids == [[99, 100], [SSEP], [PDEP], [PAD], [4]]
 
 
 def test_multimodal_requests_are_refused() -> None:
@@ -121,3 +122,16 @@ def test_multimodal_requests_are_refused() -> None:
     with pytest.raises(MiniPICConfigError, match="multimodal inputs"):
         Request("r", SYS + DOC_A, SamplingParams(max_tokens=4), None, mm_features=[image],
                 block_hasher=make_pic_block_hasher(BS, sha256, PIC))
+
+
+def test_an_hsep_block_opens_a_span_that_hashes_apart_from_an_ssep_one() -> None:
+    with_hsep = make_pic_block_hasher(BS, sha256, PicConfig(1, 2, 3, hsep_token_id=4))
+    span = [4, 20, 21, 22, 23, 24, 25, 26]
+    after_a = hashes([*SYS, *span], hasher=with_hsep)
+    after_b = hashes([30, 31, 32, 33, *span], hasher=with_hsep)
+    assert after_a[1:] == after_b[1:] == hashes(span, hasher=with_hsep)  # independent of the prefix
+    as_ssep = hashes([*SYS, SSEP, *span[1:]], hasher=with_hsep)
+    assert as_ssep[1] != after_a[1] and as_ssep[2] != after_a[2]
+    assert hashes([*SYS, *span], salt="alice", hasher=with_hsep)[1] != after_a[1]  # the salt, as for SSep
+    # A server without an HSep marker reads the token as ordinary text: the block chains on the prefix.
+    assert hashes([*SYS, *span])[1:] != after_a[1:]

@@ -1,16 +1,16 @@
 """Property tests of the marker-aware block hasher against stock vLLM hashing (hypothesis).
 
-Random prompts with SSep, PDep and pad tokens anywhere, random block sizes, with
+Random prompts with SSep, HSep, PDep and pad tokens anywhere, random block sizes, with
 and without a cache salt and generated tokens. The rule, stated with vLLM's own
 hasher as the reference:
 
-- a block in a span (from an SSep block start up to the next marker block start)
-  hashes as stock vLLM hashes the prompt that starts at that SSep block:
-  independent of everything before the span;
+- a block in a span (from an SSep or HSep block start up to the next marker block
+  start) hashes as stock vLLM hashes the prompt that starts at that block:
+  independent of everything before the span (hiding an HSep head changes no hash);
 - every other block (before any marker block, or from a PDep block start on)
   hashes as stock vLLM hashes the whole prompt: dependent on every earlier token;
 - only prompt tokens at block starts are markers: anywhere else, and in
-  generated tokens, SSep/PDep/pad are ordinary tokens.
+  generated tokens, SSep/HSep/PDep/pad are ordinary tokens.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from vllm.v1.request import Request
 from minipic_server.config import PicConfig
 from minipic_server.hashing import make_pic_block_hasher
 
-PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3)
-SSEP, PDEP, PAD = PIC.marker_ids
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
+SSEP, PDEP, PAD, HSEP = PIC.marker_ids
 # Few distinct ordinary tokens, so that equal blocks (and would-be false hits) are common.
 TOKENS = st.one_of(st.integers(10, 13), st.sampled_from(PIC.marker_ids))
 SALTS = st.one_of(st.none(), st.sampled_from(["alice", "bob"]))
@@ -63,7 +63,7 @@ def expected(prompt: list[int], generated: list[int], block_size: int, salt: str
     for i in range(len(tokens) // block_size):
         start = i * block_size
         first = tokens[start] if start < len(prompt) else None  # generated tokens are never markers
-        if first == SSEP:
+        if first in (SSEP, HSEP):
             opener = start
         elif first == PDEP:
             opener = None
@@ -80,7 +80,7 @@ def test_every_block_hashes_by_the_rule(prompt, block_size, salt):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(prompt=st.lists(TOKENS, max_size=64), block_size=st.integers(1, 8), salt=SALTS)
 def test_prompts_without_marker_block_starts_hash_as_stock_vllm(prompt, block_size, salt):
-    plain = [10 if i % block_size == 0 and t in (SSEP, PDEP) else t for i, t in enumerate(prompt)]
+    plain = [10 if i % block_size == 0 and t in (SSEP, PDEP, HSEP) else t for i, t in enumerate(prompt)]
     assert request(plain, block_size, salt, pic=True).block_hashes == stock(plain, block_size, salt)
 
 
@@ -88,10 +88,12 @@ def test_prompts_without_marker_block_starts_hash_as_stock_vllm(prompt, block_si
 @given(
     before=st.lists(TOKENS, max_size=40), other=st.lists(TOKENS, max_size=40),
     span=st.lists(TOKENS, min_size=1, max_size=32), block_size=st.integers(1, 8), salt=SALTS,
+    opener=st.sampled_from([SSEP, HSEP]),
 )
-def test_a_span_hashes_the_same_after_any_prefix(before, other, span, block_size, salt):
+def test_a_span_hashes_the_same_after_any_prefix(before, other, span, block_size, salt, opener):
     pad = lambda ids: ids + [PAD] * (-len(ids) % block_size)  # noqa: E731
-    span = [SSEP, *(10 if i % block_size == 0 and t in (SSEP, PDEP) else t for i, t in enumerate(span, 1))]
+    markers = (SSEP, PDEP, HSEP)
+    span = [opener, *(10 if i % block_size == 0 and t in markers else t for i, t in enumerate(span, 1))]
     a, b = pad(before), pad(other)
     first = request(a + span, block_size, salt, pic=True).block_hashes[len(a) // block_size :]
     second = request(b + span, block_size, salt, pic=True).block_hashes[len(b) // block_size :]

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from minipic_server.config import MiniPICConfigError
-from minipic_server.markers import MarkerIds, MarkerRule, pick_marker_ids
+from minipic_server.markers import HSEP_TOKEN, MarkerIds, MarkerRule, pick_marker_ids
 
 WORDS = ["hello", "world", "}", "<x>"]
 CHATML = (
@@ -41,23 +41,42 @@ def chatml() -> PreTrainedTokenizerFast:
 
 
 def test_tiny_model_keeps_its_dedicated_markers(tiny_model_dir: Path) -> None:
-    assert pick_marker_ids(AutoTokenizer.from_pretrained(tiny_model_dir)) == MarkerIds(5, 6, 7)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    hsep = tokenizer.convert_tokens_to_ids(HSEP_TOKEN)
+    assert hsep == 2048  # after every learned token: no earlier id moved
+    assert pick_marker_ids(tokenizer) == MarkerIds(5, 6, 7, hsep)
 
 
-def test_llama3_keeps_reserved_tokens_10_to_12() -> None:
-    reserved = [f"<|reserved_special_token_{i}|>" for i in range(16)]
+def llama3(reserved: int) -> PreTrainedTokenizerFast:
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                *reserved]
-    tokenizer = word_tokenizer(specials, LLAMA3_TEMPLATE, bos_token="<|begin_of_text|>",
-                               eos_token="<|end_of_text|>")
-    assert pick_marker_ids(tokenizer) == MarkerIds(20, 21, 22)  # reserved 10, 11, 12
+                *(f"<|reserved_special_token_{i}|>" for i in range(reserved))]
+    return word_tokenizer(specials, LLAMA3_TEMPLATE, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")
+
+
+def test_llama3_keeps_reserved_tokens_10_to_12_and_takes_13_for_hsep() -> None:
+    tokenizer = llama3(16)
+    assert pick_marker_ids(tokenizer) == MarkerIds(20, 21, 22, 23)  # reserved 10, 11, 12, 13
     assert MarkerRule(tokenizer).valid_ids() == list(range(10, 26))  # reserved 0-15
+    # Without reserved 13, HSep is the last unused one the others left.
+    assert pick_marker_ids(llama3(13)) == MarkerIds(20, 21, 22, 19)
 
 
-def test_other_tokenizers_get_their_last_three_unused_special_tokens(chatml) -> None:
+def test_other_tokenizers_get_their_last_three_unused_special_tokens_then_hsep(chatml) -> None:
     rule = MarkerRule(chatml)
     assert rule.valid_ids() == [8, 9, 10, 11]
-    assert rule.pick() == MarkerIds(9, 10, 11)
+    assert rule.pick() == MarkerIds(9, 10, 11, 8)
+
+
+def test_a_tokenizer_with_three_unused_special_tokens_serves_without_hsep() -> None:
+    assert pick_marker_ids(word_tokenizer(["<a>", "<b>", "<c>"], None)) == MarkerIds(5, 6, 7, None)
+
+
+def test_hsep_given_alone_is_checked_like_the_others(chatml) -> None:
+    rule = MarkerRule(chatml)
+    rule.check(MarkerIds(9, 10, 11, 8))
+    with pytest.raises(MiniPICConfigError, match="^hsep_token_id=6 cannot be a MiniPIC marker: the chat template"):
+        rule.check(MarkerIds(9, 10, 11, 6))
+    assert rule.with_hsep(MarkerIds(8, 9, 10)) == MarkerIds(8, 9, 10, 11)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +104,7 @@ def test_a_special_token_that_text_also_spells_is_refused() -> None:
     x = tokenizer.convert_tokens_to_ids("<x>")
     assert tokenizer("<x>", add_special_tokens=False, split_special_tokens=True)["input_ids"] == [x]
     assert MarkerRule(tokenizer).problem(x) == "encoding the text '<x>' produces it"
-    assert MarkerRule(tokenizer).pick() == MarkerIds(5, 6, 7)
+    assert MarkerRule(tokenizer).pick() == MarkerIds(5, 6, 7, None)
 
 
 def test_too_few_unused_special_tokens_names_the_flags() -> None:

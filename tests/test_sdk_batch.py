@@ -104,8 +104,15 @@ async def test_a_killed_run_resumes_with_every_id_exactly_once(tmp_path, fake_se
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted(r["id"] for r in records) == sorted(s.id for s in samples)
     assert summary.completed == 6 and summary.failed == 0
-    assert set(records[0]) == {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens"}
-    assert 0 < summary.cached_fraction < 1
+    assert set(records[0]) == {
+        "id", "text", "ttft_s", "cached_tokens", "prompt_tokens", "computed_tokens", "reused_tokens"
+    }
+    run = [r for r in records if r["id"] not in finished]
+    # isps sends each prefill for one sample: the run's count is the sum of its samples'.
+    assert summary.computed_tokens == sum(r["computed_tokens"] for r in run)
+    assert summary.prompt_tokens == sum(r["prompt_tokens"] for r in run)
+    assert 0 < summary.reused_fraction < 1
+    assert summary.cached_fraction > summary.reused_fraction  # re-sent prefills cost their last block
 
 
 async def test_a_rejected_sample_is_left_for_the_next_run(tmp_path, fake_server, fake_client):
@@ -152,22 +159,67 @@ async def test_bad_text_fails_its_own_sample_and_the_batch_goes_on(tmp_path, fak
     assert sorted(written) == ["a", "z"]
 
 
+RESULT = json.dumps({"id": "s0", "text": "t", "ttft_s": 0.1, "cached_tokens": 16, "prompt_tokens": 20})
+
+
 @pytest.mark.parametrize(
-    ("content", "line"),
+    ("content", "line", "reason"),
     [
-        (b'{"id": "s0"}\nsome log line\n', 2),
-        (b"my notes about the run, no newline", 1),  # 46 -> 19 bytes before: never again
-        (b'{"id": "s0"}\n{"text": "x"}\n', 2),
-        (b'{"id": "s0"}\nnotes', 2),
+        (f"{RESULT}\nsome log line\n", 2, "not a result line: is this"),
+        ("my notes about the run, no newline", 1, "not a result line: is this"),  # 46 -> 19 bytes before
+        (f"{RESULT}\n{{\"text\": \"x\"}}\n", 2, "not a result line \\(no 'id', 'ttft_s', "),
+        (f"{RESULT}\nnotes", 2, "not a result line: is this"),
+        # Sample lines carry an "id" too: before, these were resumed, their last line cut.
+        (f"{json.dumps(GOOD)}\n", 1, "not a result line \\(no 'text', 'ttft_s', 'cached_tokens', 'prompt_tokens'\\)"),
+        (f"{json.dumps(GOOD)}\n{json.dumps(GOOD)}", 1, "not a result line \\(no 'text'"),
+        (json.dumps(GOOD), 1, "not a result line \\(no 'text'"),  # one whole line without its newline
+        (json.dumps(GOOD)[:30], 1, "not a result line: is this"),  # a sample line cut short
+        ('{"id": "s', 1, "not a result line: is this"),  # too short to tell: not cut when alone
     ],
 )
-def test_a_foreign_output_file_is_refused_and_left_unchanged(tmp_path, content, line):
+def test_a_foreign_output_file_is_refused_and_left_unchanged(tmp_path, content, line, reason):
     output = tmp_path / "out.jsonl"
-    output.write_bytes(content)
-    with pytest.raises(BatchInputError, match=rf"out\.jsonl:{line}: not a result line"):
+    output.write_text(content)
+    with pytest.raises(BatchInputError, match=rf"out\.jsonl:{line}: {reason}"):
         with ResultFile(output):
             pass
-    assert output.read_bytes() == content
+    assert output.read_text() == content
+
+
+def test_a_copy_of_the_input_as_output_is_refused_with_one_line(tmp_path):
+    inp = samples_file(tmp_path / "in.jsonl", 5)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(inp.read_bytes())
+    result = run_cli("batch", str(inp), "--server", UNREACHABLE, "--output", str(copy))
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"error: {copy}:1: not a result line (no 'text', 'ttft_s', 'cached_tokens', 'prompt_tokens'): "
+        "is this the right --output file? (left unchanged)"
+    ]  # before: "resuming: 5 of 5 samples done", exit 0
+    assert copy.read_bytes() == inp.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("tail", "kept"),
+    [
+        ('{"id": "s1", "text": "half an ans', ""),  # a kill cut the first line: cut off
+        (RESULT.replace("s0", "s1"), RESULT.replace("s0", "s1") + "\n"),  # whole, newline missing: kept
+    ],
+)
+def test_a_last_line_is_cut_only_when_it_is_a_result_cut_short(tmp_path, tail, kept):
+    output = tmp_path / "out.jsonl"
+    output.write_text(tail)
+    with ResultFile(output) as results:
+        assert results.done == ({"s1"} if kept else set())
+    assert output.read_text() == kept
+
+
+def test_results_of_another_input_are_refused(tmp_path):
+    samples = read_samples(samples_file(tmp_path / "in.jsonl", 2), max_tokens=2)
+    output = tmp_path / "out.jsonl"
+    output.write_text(RESULT.replace('"s0"', '"other"') + "\n")
+    with ResultFile(output) as results, pytest.raises(InputFileError, match="all of other samples' ids"):
+        results.pending(samples)
 
 
 def test_an_output_that_is_the_input_is_refused_before_anything_changes(tmp_path):
@@ -205,6 +257,19 @@ def test_an_unwritable_output_is_one_line_before_connecting(tmp_path, target, re
     assert not (tmp_path / "missing-dir").exists()
 
 
+def test_a_salt_the_server_would_refuse_is_one_line_before_anything(tmp_path):
+    inp = samples_file(tmp_path / "in.jsonl", 2)
+    output = tmp_path / "out.jsonl"
+    result = run_cli("batch", str(inp), "--server", UNREACHABLE, "--output", str(output),
+                     "--cache-salt", "alice@example.com")
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        "error: cache_salt 'alice@example.com' has '@' at character 5: a salt is 1-128 characters "
+        "without '@', '/', '\\' or NUL (the server's rule)"
+    ]  # before: every request failed with HTTP 400
+    assert not output.exists()
+
+
 def test_a_document_that_is_not_utf8_is_named_before_connecting(tmp_path):
     doc = tmp_path / "latin1.txt"
     doc.write_bytes("Caf\u00e9 au lait.".encode("latin-1"))
@@ -219,3 +284,13 @@ def test_summary_percentiles():
     assert summary.ttft_percentile(50) == pytest.approx(0.505)
     assert summary.ttft_percentile(99) == pytest.approx(0.9901)
     assert BatchSummary().ttft_percentile(50) is None
+
+
+def test_the_summary_says_what_the_run_computed_and_took_from_the_cache():
+    from minipic_client.cli import _cost
+
+    assert _cost(BatchSummary(prompt_tokens=26_760, computed_tokens=3_212)) == (
+        "3,212 prompt tokens computed (span prefills included), 88.0% of 26,760 from the cache"
+    )
+    assert _cost(BatchSummary(computed_tokens=0)).endswith("0.0% of 0 from the cache")  # nothing left to run
+    assert _cost(BatchSummary(prompt_tokens=10)) == "10 prompt tokens (the server reports no cache hits)"

@@ -18,12 +18,15 @@ from minipic_client import (
     PromptTooLongError,
     RagRequest,
     RagResult,
+    RefreshedHeads,
     RequestEvent,
+    ServerInfo,
     Span,
     SpanClient,
     Strategy,
     Text,
 )
+from minipic_client.client import check_cache_salt
 
 if TYPE_CHECKING:
     from sdk_fixtures import FakeServer, Recorded
@@ -51,6 +54,25 @@ async def test_rag_reports_prefix_and_documents_cached(fake_server, fake_client)
     assert first.prompt_tokens == len(layout.token_ids)
     assert second.cached_tokens == layout.cacheable_tokens  # same spans, other order
     assert [r.kind for r in fake_server.requests] == ["prefix", "span", "span", "final", "final"]
+
+
+async def test_a_call_reports_the_tokens_it_made_the_server_compute(fake_server, fake_client):
+    async with fake_client() as client:
+        cold = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q", max_tokens=1)
+        warm = await client.rag(system=SYSTEM, docs=DOCS[:2], task="q", max_tokens=1)
+        cacheable = client.rag_layout(RagRequest("q", DOCS[:2], SYSTEM)).cacheable_tokens
+        assert client.computed_tokens == cold.computed_tokens + warm.computed_tokens
+    assert cold.cached_tokens == warm.cached_tokens == cacheable  # what the final prompt alone says
+    assert (cold.computed_tokens, cold.reused_tokens) == (cold.prompt_tokens, 0)  # prefills included
+    assert (warm.computed_tokens, warm.reused_tokens) == (warm.prompt_tokens - cacheable, cacheable)
+
+
+async def test_a_call_that_waited_on_anothers_prefill_did_not_pay_for_it(fake_server, fake_client):
+    fake_server.delay_s = 0.005
+    async with fake_client() as client:
+        a, b = await asyncio.gather(*(client.rag(system=SYSTEM, docs=DOCS[:2], task=t, max_tokens=1)
+                                      for t in ("qa", "qb")))
+    assert sorted([a.reused_tokens, b.reused_tokens]) == [0, a.cached_tokens]
 
 
 async def test_concurrent_calls_share_one_prefill_per_document(fake_server, fake_client):
@@ -171,6 +193,33 @@ async def test_prompt_checks_fail_before_sending(fake_server, fake_client):
         fake_client(max_in_flight=0)
 
 
+BAD_SALTS = ["alice@example.com", "a/b", "back\\slash", "nul\x00", "x" * 129]
+
+
+@pytest.mark.parametrize("salt", BAD_SALTS)
+async def test_a_salt_the_server_would_refuse_fails_once_before_sending(fake_server, fake_client, salt):
+    with pytest.raises(PromptError, match=r"cache_salt .*a salt is 1-128 characters without '@', '/'"):
+        fake_client(cache_salt=salt)
+    async with fake_client() as client:
+        with pytest.raises(PromptError, match="the server's rule"):
+            await client.rag(docs=["fine"], task="q", cache_salt=salt)
+    assert fake_server.requests == []
+
+
+@pytest.mark.parametrize("salt", [*BAD_SALTS, "tenant-a", "x" * 128, "é:ok"])
+def test_the_salt_rule_is_vllms(salt):
+    from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+
+    def refused(check) -> bool:
+        try:
+            check(salt)
+        except Exception:  # PromptError; vLLM's VLLMValidationError
+            return True
+        return False
+
+    assert refused(check_cache_salt) == refused(validate_cache_salt)
+
+
 async def test_cache_salts_go_with_every_request_and_keep_prefills_apart(fake_server, fake_client):
     async with fake_client(cache_salt="tenant-a") as client:
         await client.rag(system=SYSTEM, docs=DOCS[:2], task="q1", max_tokens=1)
@@ -215,6 +264,38 @@ async def test_epic_sends_heads_in_context_and_tails_as_spans(fake_server, fake_
     assert final.prompt.count(fake_server.pdep) == 2  # the head and the task
     assert len(fake_server.of_kind("span")) == 1
     assert result.cached_tokens == final.prompt.index(fake_server.pdep)
+
+
+async def test_refreshed_heads_send_heads_in_context_and_whole_documents_as_hidden_head_spans(
+    fake_server, fake_client
+):
+    doc = " ".join(["water light house"] * 20)
+    async with fake_client() as client:
+        await client.rag(system=SYSTEM, docs=[doc], task="q", technique=RefreshedHeads(), max_tokens=1)
+    (final,) = fake_server.of_kind("final")
+    (span,) = fake_server.of_kind("span")
+    assert final.prompt.count(fake_server.pdep) == 2 and fake_server.ssep not in final.prompt
+    assert span.prompt[0] == fake_server.hsep and _contains(final.prompt, span.prompt)
+
+
+async def test_an_older_server_without_hsep_serves_everything_but_hidden_heads(fake_server, fake_client):
+    del fake_server.info["hsep_token_id"]
+    async with fake_client() as client:
+        assert client.info.hsep_token_id is None
+        await client.rag(docs=DOCS[:1], task="q", max_tokens=1)
+        with pytest.raises(ConfigError, match="publishes no hsep_token_id"):
+            await client.rag(docs=DOCS[:1], task="q", technique=RefreshedHeads(), max_tokens=1)
+
+
+def test_server_info_reads_hsep_when_published() -> None:
+    base = {"block_size": 16, "ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7, "max_num_seqs": 4,
+            "max_model_len": 2048, "model": "m", "tokenizer": "t", "vllm_version": "v", "minipic_version": "v",
+            "instance_id": "i"}  # fmt: skip
+    assert ServerInfo.from_json({**base, "hsep_token_id": 2048}).marker_ids == {5, 6, 7, 2048}
+    assert ServerInfo.from_json({**base, "hsep_token_id": None}).hsep_token_id is None
+    assert ServerInfo.from_json(base).marker_ids == {5, 6, 7}
+    with pytest.raises(ConfigError, match="'hsep_token_id' is 'x'"):
+        ServerInfo.from_json({**base, "hsep_token_id": "x"})
 
 
 async def test_restarted_server_gets_its_spans_prefilled_again(fake_server, fake_client):

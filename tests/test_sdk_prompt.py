@@ -1,4 +1,4 @@
-"""Prompt layout: block alignment, markers, EPIC, chat template, marker-safe tokenization."""
+"""Prompt layout: block alignment, markers, EPIC, hidden heads, chat template, marker-safe tokenization."""
 
 from __future__ import annotations
 
@@ -6,10 +6,19 @@ from typing import Any
 
 import pytest
 
-from minipic_client import Dependent, InvalidDocumentError, PromptError, Span, Text
+from minipic_client import (
+    ConfigError,
+    Dependent,
+    HiddenSink,
+    InvalidDocumentError,
+    PromptError,
+    RefreshedHeads,
+    Span,
+    Text,
+)
 from minipic_client.prompt import ChatTemplate, PromptBuilder, check_documents
 from minipic_client.tokens import TokenCache
-from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
+from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
 # client_tokenizer builds the layouts; sdk_tokenizer (transformers) is the reference they are checked against.
 pytest_plugins = ["sdk_fixtures"]
@@ -38,7 +47,7 @@ class CountingTokenizer:
 @pytest.fixture
 def ids(sdk_tokenizer: Any) -> dict[str, int]:
     vocab = sdk_tokenizer.get_vocab()
-    return {"ssep": vocab[SSEP_TOKEN], "pdep": vocab[PDEP_TOKEN], "pad": vocab[PAD_TOKEN]}
+    return {"ssep": vocab[SSEP_TOKEN], "pdep": vocab[PDEP_TOKEN], "pad": vocab[PAD_TOKEN], "hsep": vocab[HSEP_TOKEN]}
 
 
 def make_builder(tokenizer: Any, ids: dict[str, int]) -> PromptBuilder:
@@ -49,6 +58,7 @@ def make_builder(tokenizer: Any, ids: dict[str, int]) -> PromptBuilder:
         ssep_token_id=ids["ssep"],
         pdep_token_id=ids["pdep"],
         pad_token_id=ids["pad"],
+        hsep_token_id=ids.get("hsep"),
     )
 
 
@@ -119,6 +129,53 @@ def test_epic_document_shorter_than_the_head_is_all_dependent(builder, ids):
     assert ids["ssep"] not in layout.token_ids
     assert [p.kind for p in layout.prefills] == ["prefix"]
     assert positions(layout.token_ids, ids["pdep"]) == [B, 2 * B]
+
+
+def test_refreshed_heads_put_the_first_block_in_context_then_the_whole_document_hidden(builder, ids, sdk_tokenizer):
+    doc_ids = sdk_tokenizer.encode(LONG, add_special_tokens=False)
+    layout = builder.build([Text("sys"), RefreshedHeads().span(LONG), Dependent("q")])
+    tokens = layout.token_ids
+    (head,), (span,) = positions(tokens, ids["pdep"])[:1], positions(tokens, ids["hsep"])
+    assert ids["ssep"] not in tokens and head % B == 0 and span == head + B
+    # The in-context head and the hidden head hold the same document tokens after their marker.
+    assert tokens[head + 1 : span] == tokens[span + 1 : span + B] == doc_ids[: B - 1]
+    document = layout.prefills[-1]
+    assert document.kind == "span" and list(document.token_ids) == tokens[span : positions(tokens, ids["pdep"])[1]]
+    assert [t for t in document.token_ids[1:] if t != ids["pad"]] == doc_ids
+    # The head is computed in context; the prefix and the document span after it are reused (gapped hits).
+    assert layout.cacheable_tokens == head + len(document.token_ids)
+
+
+def test_hidden_sink_spans_open_with_hsep(builder, ids):
+    layout = builder.build([Text("sys"), HiddenSink().span(LONG), HiddenSink().span("short"), Dependent("q")])
+    tokens = layout.token_ids
+    # "short" fits in one block: hiding it would hide all of it, so it stays an SSep span.
+    assert positions(tokens, ids["hsep"]) == [B] and len(positions(tokens, ids["ssep"])) == 1
+    assert [p.kind for p in layout.prefills] == ["prefix", "span", "span"]
+    assert layout.cacheable_tokens == positions(tokens, ids["pdep"])[0]
+
+
+def test_a_refreshed_document_that_fits_the_head_is_all_dependent(builder, ids):
+    layout = builder.build([Span("short", head="refreshed"), Dependent("q")])
+    assert ids["hsep"] not in layout.token_ids and ids["ssep"] not in layout.token_ids
+    assert positions(layout.token_ids, ids["pdep"]) == [B, 2 * B]
+
+
+def test_hidden_heads_need_a_server_that_publishes_hsep(client_tokenizer, ids):
+    older = make_builder(client_tokenizer, {k: v for k, v in ids.items() if k != "hsep"})
+    older.build([Span(LONG), Dependent("q")])
+    for technique in (HiddenSink(), RefreshedHeads()):
+        with pytest.raises(ConfigError, match="publishes no hsep_token_id"):
+            older.build([technique.span(LONG), Dependent("q")])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"head": "secret"}, "head is 'shown', 'hidden' or 'refreshed'"),
+    ({"head": "hidden", "recompute_blocks": 1}, "do not combine"),
+])
+def test_bad_span_heads_are_refused(kwargs, match):
+    with pytest.raises(PromptError, match=match):
+        Span("doc", **kwargs)
 
 
 def test_marker_literal_text_creates_no_span_boundary(builder, ids, sdk_tokenizer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,24 @@ async def test_rag_reports_documents_cached(pic_server):
     assert first.cached_tokens == expected_first > 0
     assert second.cached_tokens == expected_second == expected_first
     assert len(first.token_ids) == 4 and first.ttft_s > 0
+
+
+async def test_each_call_reports_what_it_made_the_server_compute(pic_server):
+    """Two identical calls: both find the spans cached in their final prompt, but only the
+    first paid for them (before, both said cached=N/M and nothing else)."""
+    docs = fresh_docs(3)
+    async with SpanClient(pic_server.url) as client:
+        before = client.computed_tokens
+        cold = await client.rag(system=SYSTEM, docs=docs, task="Which mill?", max_tokens=2)
+        warm = await client.rag(system=SYSTEM, docs=docs, task="Which mill?", max_tokens=2)
+        cacheable = client.rag_layout(RagRequest("Which mill?", docs, SYSTEM)).cacheable_tokens
+        run = client.computed_tokens - before
+    assert cold.cached_tokens == warm.cached_tokens == cacheable  # the final prompts alone look alike
+    # The system prompt may be cached by an earlier test; the fresh documents are not.
+    assert cold.prompt_tokens - cacheable < cold.computed_tokens <= cold.prompt_tokens
+    assert warm.computed_tokens == warm.prompt_tokens - cacheable  # the question only
+    assert warm.reused_tokens == cacheable and cold.reused_tokens == cold.prompt_tokens - cold.computed_tokens
+    assert run == cold.computed_tokens + warm.computed_tokens
 
 
 async def test_results_equal_the_same_tokens_sent_by_hand(pic_server):
@@ -185,6 +204,22 @@ async def test_span_rag_answers_through_langchain_and_duck_typed_retrievers(pic_
             assert len(result.token_ids) == 3
             assert result.cached_tokens == expected
 
+    # Blocking, streamed, through a new client that SpanRAG connects on its own loop thread.
+    rag = SpanRAG(ListRetriever(texts=docs), SpanClient(pic_server.url), system=SYSTEM,
+                  task_template="Question: {question}", max_tokens=3)
+    try:
+        chunks = await asyncio.to_thread(lambda: list(rag.stream("which mill?")))
+        invoked = await asyncio.to_thread(rag.invoke, "which mill?")
+    finally:
+        await asyncio.to_thread(rag.close)
+    assert [len(c.token_ids) for c in chunks] == [1, 1, 1, 0]  # a chunk per token, then the usage
+    whole = sum(chunks[1:], chunks[0])
+    assert whole.token_ids == invoked.token_ids == result.token_ids and whole.text == invoked.text
+    assert whole.cached_tokens == invoked.cached_tokens == expected
+    # The new client sent its prefills again (vLLM recomputes a fully cached prompt's last
+    # block); the second call sent none, so it reused every cached token.
+    assert whole.computed_tokens > invoked.computed_tokens and invoked.reused_tokens == expected
+
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "minipic_client.cli", *args]
@@ -213,7 +248,8 @@ def test_rag_command(pic_server, tmp_path):
         env=os.environ,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() and "prompt tokens cached" in done.stderr
+    assert done.stdout.strip()
+    assert re.search(r"\d+ prompt tokens: (\d+) computed \(span prefills included\), (\d+) from the cache", done.stderr)
 
 
 def test_batch_killed_mid_run_resumes_with_every_id_once(pic_server, tmp_path):
@@ -250,6 +286,8 @@ def test_batch_killed_mid_run_resumes_with_every_id_once(pic_server, tmp_path):
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == sorted(s["id"] for s in samples)
     assert "samples/s" in done.stderr and "TTFT p50" in done.stderr
+    assert re.search(r"[\d,]+ prompt tokens computed \(span prefills included\), [\d.]+% of [\d,]+ from the cache",
+                     done.stderr)
 
 
 async def test_load_at_the_concurrency_cap_has_no_failures(pic_server):

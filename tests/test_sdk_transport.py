@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -237,3 +238,57 @@ async def test_socket_errors_a_transport_leaves_unmapped_are_transport_errors(ra
 
     with pytest.raises(TransportError):
         await connection(fail).get_json("/minipic/info")
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_a_refused_connection_is_named_once_in_words(client_tokenizer, caplog):
+    """Through the real (aiohttp) transport and a real socket: before, this surfaced as
+    ``ConnectTimeout("Cannot connect to host ... ssl:default ...")`` with a line per attempt."""
+    url = f"http://127.0.0.1:{closed_port()}"
+    policy = RetryPolicy(connect_s=0.5, initial_backoff_s=0.01, max_backoff_s=0.05)
+    with caplog.at_level("WARNING", logger="minipic_client"), pytest.raises(TransportError) as caught:
+        await SpanClient(url, retry=policy, tokenizer=client_tokenizer).connect()
+    assert str(caught.value) == f"cannot connect to {url} (connection refused)"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot connect to {url} (connection refused); retrying for up to 0.5 s"
+    ]
+
+
+async def test_an_outage_under_load_is_summarised_not_logged_per_retry(fake_server, client_tokenizer, caplog):
+    """Many requests retrying through one outage (a restart) log its cause once and one
+    line when the server answers again; before, a line per attempt (217 in one run)."""
+    down = True
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if down and request.url.path == "/v1/completions":
+            raise httpx.ConnectError("[Errno 111] Connect call failed") from ConnectionRefusedError(111, "refused")
+        return await fake_server.handle(request)
+
+    policy = RetryPolicy(total_s=30.0, initial_backoff_s=0.005, max_backoff_s=0.02)
+    client = SpanClient("http://fake", transport=httpx.MockTransport(handle), retry=policy, tokenizer=client_tokenizer)
+    async with client:
+
+        async def come_back() -> None:
+            nonlocal down
+            await asyncio.sleep(0.3)
+            down = False
+
+        with caplog.at_level("WARNING", logger="minipic_client"):
+            results = await asyncio.gather(
+                come_back(), *(client.rag(docs=DOCS, task=f"q{i}", max_tokens=1) for i in range(8))
+            )
+    assert all(r.text for r in results[1:])
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "cannot connect to http://fake (connection refused); retrying for up to 30 s"
+    assert len(messages) == 2, messages
+    assert re.fullmatch(r"the server answers again after 0\.\d s \(\d+ requests retried\)", messages[1])
+    retried = int(re.search(r"\((\d+) requests", messages[1])[1])
+    assert retried > 8  # every request retried, most of them more than once

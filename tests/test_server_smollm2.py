@@ -25,7 +25,8 @@ pytestmark = pytest.mark.server
 
 LOGPROB_TOL = 5e-4  # observed: up to 5e-5
 MARKERS = (14, 15, 16)  # <jupyter_output>, <jupyter_script>, <empty_output>: picked by the general rule
-VOCABULARY = Vocabulary(bos=None, ssep=14, pdep=15, pad=16, text_ids=range(17, 49152))
+HSEP = 13  # <jupyter_code>: the last unused special token the other three left
+VOCABULARY = Vocabulary(bos=None, ssep=14, pdep=15, pad=16, text_ids=range(17, 49152), hsep=HSEP)
 PASSAGES = [
     "The Harbour Bridge in Port Elin was opened in 1932. It carries a railway line and six lanes of road "
     "traffic, and its steel arch spans 503 metres across the estuary.",
@@ -99,6 +100,7 @@ def test_fetch_reuses_the_converted_model_and_serve_picks_markers(server, smollm
     assert time.monotonic() - started < 1
     info = httpx.get(server.url + "/minipic/info", timeout=30).json()
     assert (info["ssep_token_id"], info["pdep_token_id"], info["pad_token_id"]) == MARKERS
+    assert info["hsep_token_id"] == HSEP
 
 
 def test_prefilled_spans_at_new_offsets_match_reference(server, reference, encode) -> None:

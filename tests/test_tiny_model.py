@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN, pick_marker_ids
-from minipic_server.tiny_model import BOS_TOKEN, EOS_TOKEN, SPECIAL_TOKENS, make_tiny_model
+from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN, pick_marker_ids
+from minipic_server.tiny_model import BOS_TOKEN, EOS_TOKEN, LATE_SPECIAL_TOKENS, SPECIAL_TOKENS, make_tiny_model
+
+MARKER_TOKENS = [SSEP_TOKEN, PDEP_TOKEN, PAD_TOKEN, HSEP_TOKEN]  # `MarkerIds` order
 
 
 @pytest.fixture(scope="module")
@@ -63,19 +66,17 @@ def test_special_tokens_are_single_ids(tokenizer) -> None:
     assert tokenizer.bos_token == BOS_TOKEN
     assert tokenizer.eos_token == EOS_TOKEN
     assert tokenizer.pad_token == PAD_TOKEN
-    for token in SPECIAL_TOKENS:
+    for token in (*SPECIAL_TOKENS, *LATE_SPECIAL_TOKENS):
         ids = tokenizer.encode(token, add_special_tokens=False)
         assert ids == [tokenizer.convert_tokens_to_ids(token)], token
     markers = pick_marker_ids(tokenizer)
-    assert (markers.ssep_token_id, markers.pdep_token_id, markers.pad_token_id) == tuple(
-        tokenizer.convert_tokens_to_ids([SSEP_TOKEN, PDEP_TOKEN, PAD_TOKEN])
-    )
+    assert astuple(markers) == tuple(tokenizer.convert_tokens_to_ids(MARKER_TOKENS))
 
 
 def test_literal_marker_text_is_split_when_asked(tokenizer) -> None:
     """A user's literal marker text must never become a marker id (the client encodes this way)."""
-    marker_ids = set(tokenizer.convert_tokens_to_ids([SSEP_TOKEN, PDEP_TOKEN, PAD_TOKEN]))
-    text = f"a {SSEP_TOKEN} b {PDEP_TOKEN} c {PAD_TOKEN}"
+    marker_ids = set(tokenizer.convert_tokens_to_ids(MARKER_TOKENS))
+    text = f"a {SSEP_TOKEN} b {PDEP_TOKEN} c {PAD_TOKEN} d {HSEP_TOKEN}"
     ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
     assert not marker_ids & set(ids)
     assert tokenizer.decode(ids) == text

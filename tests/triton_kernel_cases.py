@@ -46,7 +46,9 @@ class Case:
     rotary_dim: int | None = None  # None: head_size
     is_neox: bool = True
     dtype: torch.dtype = torch.float32
-    kinds: str = "mixed"  # "plain" | "mixed" (SSep/PDep blocks)
+    # "plain" | "mixed" (SSep/PDep blocks) | "hidden" (HSep blocks too) | "hidden_heads" (only HSep
+    # heads); in the last two, the first two requests start with an HSep block and end with a PDep one.
+    kinds: str = "mixed"
     duplicate_block: bool = False  # one physical block twice in a table
     misplaced: float = 0.5  # share of blocks read away from their origin
     prefill: AttentionConfig | None = AttentionConfig(32, 16, 4, 1)
@@ -93,6 +95,18 @@ def build(case: Case) -> dict:
         kind[pattern == 1] = BlockKind.SSEP
         kind[pattern == 2] = BlockKind.SSEP
         kind[pattern == 3] = BlockKind.PDEP
+    if case.kinds == "hidden":
+        pattern = torch.randint(0, 5, (num_phys,), generator=g)
+        kind[pattern == 1] = BlockKind.SSEP
+        kind[pattern == 2] = BlockKind.HSEP
+        kind[pattern == 3] = BlockKind.PDEP
+    if case.kinds.startswith("hidden"):
+        # Hidden heads at block 0 (the corner case) that the rows after a PDep block must skip.
+        for r in range(2):
+            kind[table[r, 0].long()] = BlockKind.HSEP
+            kind[table[r, blocks_per_req[r] - 1].long()] = BlockKind.PDEP
+        if case.kinds == "hidden_heads":  # nothing else: only the hidden mask tells a causal kernel apart
+            kind[table[2:, 0].long()] = BlockKind.HSEP
     seq_lens = torch.tensor([s for s, _ in case.reqs], dtype=torch.int32)
     qlens = [q for _, q in case.reqs]
     qsl = torch.zeros(len(qlens) + 1, dtype=torch.int32)
@@ -160,6 +174,18 @@ CASES = [
     # Many short prefills: tile ids leave gaps between requests, so the grid must cover them all.
     Case("f32_many_short_prefills", [(96 + 16 * (i % 4) + i, 10) for i in range(16)], group=2, prefill=None,
          decode=None, seed=26),
+    # Hidden (HSep) blocks: masked in tiles and decode, moved and at origin; with a stock kernel,
+    # the requests whose rows must skip one go to the tile kernel.
+    Case("f32_hidden_tiles", MIXED, group=2, kinds="hidden", seed=40),
+    Case("f16_hidden_tiles_g4", MIXED, group=4, kinds="hidden", dtype=F16, seed=41),
+    Case("f32_hidden_at_origin", MIXED, kinds="hidden", misplaced=0.0, seed=42),
+    Case("f32_hidden_decode_splits", [(96, 1), (120, 1), (64, 2), (150, 3)], group=2, kinds="hidden",
+         decode=AttentionConfig(16, 32, 4, 1, num_splits=3), seed=43),
+    Case("f32_hidden_dense", DENSE, group=2, kinds="hidden", mode="dense", seed=44),
+    Case("f32_hidden_dense_at_origin", DENSE, group=2, kinds="hidden", misplaced=0.0, mode="dense", seed=45),
+    Case("f32_hidden_heads_dense", DENSE, group=2, kinds="hidden_heads", mode="dense", seed=47),
+    Case("f32_hidden_default_configs", [(150, 150), (90, 1), (70, 9)], group=2, kinds="hidden", prefill=None,
+         decode=None, seed=46),
 ]
 
 
@@ -295,7 +321,8 @@ def decode_over_rotated_keys_case(seed: int) -> dict:
     qsl = torch.arange(len(lens) + 1, dtype=torch.int32)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     work = triton_attention.TileLaunch(
-        query, key_cache, value_cache, block_table, torch.zeros(sum(blocks), dtype=torch.int32),
+        query, key_cache, value_cache, block_table, torch.zeros(sum(blocks), dtype=torch.int8),
+        torch.zeros(sum(blocks), dtype=torch.int32),
         torch.zeros(len(lens), dtype=torch.int8), qsl, seq_lens,
         torch.zeros_like(block_table), _rope_table(max(lens), d), 0, True, d**-0.5, max(lens),
     )  # fmt: skip

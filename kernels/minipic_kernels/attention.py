@@ -13,10 +13,11 @@ exact for it:
 * **prefill over misplaced blocks** (no windows, a cached span placed after another
   prefix: ISPS final prompts): keys moved into scratch pages once (`rotary_pages`), then
   the stock kernel over them;
-* **prefill with windows** (spans computed inside a prompt): the Triton tile kernel over
-  the cache, skipping key tiles outside each row's window.
+* **prefill with masks** (spans computed inside a prompt, or rows that must skip a
+  hidden block: FlashAttention-3 cannot skip a block): the Triton tile kernel over the
+  cache, skipping key tiles outside each row's window and masking hidden blocks.
 
-Which requests have windows or misplaced blocks is known on the device (from the block
+Which requests have masks or misplaced blocks is known on the device (from the block
 records); `StepPlan.routed` brings those flags to the host once per step with prefill (one
 small sync, before any layer runs), so every layer launches only the kernels that have
 work. The stock kernel computes only the rows it is given (``query_used``), so the
@@ -32,7 +33,7 @@ from typing import Protocol
 
 import torch
 
-from minipic_kernels.block_kinds import requests_with_windows, window_starts_per_block
+from minipic_kernels.block_kinds import hidden_per_block, requests_with_masks, window_starts_per_block
 from minipic_kernels.block_origins import misplaced_requests
 from minipic_kernels.rotary_pages import page_table, rotate_into_pages
 from minipic_kernels.triton_attention import (
@@ -109,12 +110,12 @@ class StepPlan:
     scratch_budget_bytes: int
     routes: Routes | None = None
 
-    def routed(self, windowed: torch.Tensor, misplaced: torch.Tensor, seq_lens: torch.Tensor) -> StepPlan:
-        """Route each prefill request from the device flags (`requests_with_windows`,
+    def routed(self, masked: torch.Tensor, misplaced: torch.Tensor, seq_lens: torch.Tensor) -> StepPlan:
+        """Route each prefill request from the device flags (`requests_with_masks`,
         `misplaced_requests`): the step's one host sync, none without prefill."""
         if not self.has_prefill or self.routes is not None:
             return self
-        flags = torch.stack((windowed.to(torch.int8), misplaced.to(torch.int8))).cpu().tolist()  # the host sync
+        flags = torch.stack((masked.to(torch.int8), misplaced.to(torch.int8))).cpu().tolist()  # the host sync
         prefill = [q > self.decode_limit for q in self.query_lens]
         tiles = [p and w for p, w in zip(prefill, flags[0])]
         moved = [p and not w and m for p, w, m in zip(prefill, *flags)]
@@ -228,12 +229,14 @@ def paged_rope_attention(
         )
     if plan.has_prefill and plan.routes is None:
         plan = plan.routed(
-            requests_with_windows(window_starts, query_start_loc, seq_lens, block_size),
+            requests_with_masks(
+                window_starts, hidden_per_block(block_table, block_kind), query_start_loc, seq_lens, block_size
+            ),
             moved,
             seq_lens,
         )
     work = TileLaunch(
-        query, key_cache, value_cache, block_table, block_origin, moved, query_start_loc, seq_lens,
+        query, key_cache, value_cache, block_table, block_kind, block_origin, moved, query_start_loc, seq_lens,
         window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale), plan.max_seq_len,
     )  # fmt: skip
     if plan.has_prefill:

@@ -21,14 +21,16 @@ Conventions (shared with the Triton kernels):
   the same layout as vLLM's ``cos_sin_cache``, applied as a pure rotation
   (`unit_rotation_table`): ``R(d) . R_model(o) == R_model(o + d)``.
 - A query at position ``p`` in logical block ``p // block_size`` attends keys
-  ``window_start .. p``.
+  ``window_start .. p`` (``window_start`` is `block_kinds.OUTSIDE_SPANS` outside every
+  span), except the keys of hidden (HSep) blocks other than its own span's head
+  (`block_kinds.visible`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from minipic_kernels.block_kinds import window_starts_per_block
+from minipic_kernels.block_kinds import hidden_per_block, visible, window_starts_per_block
 from minipic_kernels.block_origins import key_shifts
 
 
@@ -118,6 +120,7 @@ def paged_rope_attention_reference(
         else window_starts_per_block(block_table, block_kind, block_size)
     )
     shifts = key_shifts(block_table, block_origin, block_size)
+    hidden = hidden_per_block(block_table, block_kind)
     starts = query_start_loc.tolist()
     for r, seq_len in enumerate(seq_lens.tolist()):
         q_begin, q_end = starts[r], starts[r + 1]
@@ -131,8 +134,9 @@ def paged_rope_attention_reference(
         keys = rotate(keys, shifts[r, key_positions // block_size], cos_sin, rotary_dim, is_neox)
         q_positions = torch.arange(seq_len - (q_end - q_begin), seq_len, device=query.device)
         window = windows[r, q_positions // block_size]
-        allowed = (key_positions[None, :] <= q_positions[:, None]) & (
-            key_positions[None, :] >= window[:, None]
+        key_hidden = hidden[r, key_positions // block_size]
+        allowed = visible(
+            q_positions[:, None], window[:, None], key_positions[None, :], key_hidden[None, :], block_size
         )
         q = query[q_begin:q_end].float().transpose(0, 1)  # (Hq, Lq, D)
         k = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, Lk, D)

@@ -22,7 +22,10 @@ One kernel body, two launch shapes (the `launch` function picks one):
 Query rows are *packed by GQA group* (tokens x heads per tile), so each key/value tile is
 loaded once per kv head. The key range of a tile runs from the lowest window start of its
 rows to its last query position: tiles wholly outside every row's window are never
-visited, which keeps Block-Attention prefill linear in the number of spans.
+visited, which keeps Block-Attention prefill linear in the number of spans. Keys of hidden
+(HSep) blocks are masked like keys outside the window, in the same inner loop, from the
+kind record of each key's physical block (`block_kinds.visible`), so hiding adds no
+compiled variant: decode and tiles honour it alike.
 
 ``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
 place, which only the benchmarks' no-rotation baseline and its interpreter test use.
@@ -36,11 +39,15 @@ import torch
 import triton
 import triton.language as tl
 
+from minipic_kernels.block_kinds import BlockKind
+
 __all__ = ["AttentionConfig", "TileLaunch", "decode_config", "decode_programs_to_fill", "launch", "prefill_config"]
 
 _LOG2E = 1.4426950408889634
 # Initial running max: finite, so fully masked tiles never produce inf - inf = NaN.
 _NEG_BIG = tl.constexpr(-1.0e30)
+# The record value of hidden blocks (`block_kinds.hidden_per_block`).
+_HIDDEN_KIND = tl.constexpr(int(BlockKind.HSEP))
 
 
 @triton.jit
@@ -118,14 +125,15 @@ def _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_bt
 
 @triton.jit
 def _attend_keys(acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
-                 bt_row_ptr, stride_btb, block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks,
+                 bt_row_ptr, stride_btb, block_kind_ptr, block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks,
                  stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
                  HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr,
                  MOVE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                  TILE_BLOCKS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``; with
-    ``MOVE`` (a request reading some block away from its origin) each key tile is first
-    rotated by its blocks' shifts."""
+    """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``, each row
+    masked by `block_kinds.visible` (causal, its window, hidden blocks other than its own
+    span's head); with ``MOVE`` (a request reading some block away from its origin) each
+    key tile is first rotated by its blocks' shifts."""
     offs_j = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_P)
     d_ok = offs_d < HEAD
@@ -142,7 +150,10 @@ def _attend_keys(acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk
                             cos_sin_ptr, stride_cs, column, partner, sign, rotates, HEAD_P, ROT_HALF,
                             KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS)  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        shown = tl.load(block_kind_ptr + phys, mask=key_ok, other=0) != _HIDDEN_KIND
+        own_head = (offs_n - offs_n % KV_BLOCK_SIZE)[None, :] == win_start[:, None]
         allowed = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None])
+        allowed = allowed & (shown[None, :] | own_head)
         qk = tl.where(allowed, qk, float("-inf"))
         # Base-2 online softmax; the scale is folded into one multiply per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -173,7 +184,7 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr"])
 def _attention_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_origin_ptr, req_moved_ptr, query_start_loc_ptr,
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, query_start_loc_ptr,
     seq_lens_ptr, window_starts_ptr, req_flags_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr,
     qk_scale, num_reqs, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
@@ -230,8 +241,8 @@ def _attention_kernel(
     win_start = tl.load(window_starts_ptr + req * stride_wsr + (q_pos // KV_BLOCK_SIZE) * stride_wsb,
                         mask=row_ok, other=0)
 
-    # Keys from the lowest window start to the last query position, split if asked.
-    key_lo = (tl.min(tl.where(row_ok, win_start, seq_len), 0) // BLOCK_N) * BLOCK_N
+    # Keys from the lowest window start (OUTSIDE_SPANS: 0) to the last query position, split if asked.
+    key_lo = (tl.min(tl.where(row_ok, tl.maximum(win_start, 0), seq_len), 0) // BLOCK_N) * BLOCK_N
     key_hi = tl.minimum(ctx_len + (tile + 1) * BLOCK_Q, seq_len)
     if USE_SPLITS:
         per_split = tl.cdiv(tl.cdiv(key_hi - key_lo, BLOCK_N), num_splits) * BLOCK_N
@@ -246,9 +257,10 @@ def _attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
-        block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_origin_ptr, k_ptr + kv_head * stride_kh,
-        v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr,
-        stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, DOT_PRECISION,
+        block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_kind_ptr, block_origin_ptr,
+        k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
+        stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS,
+        DOT_PRECISION,
     )  # fmt: skip
 
     if USE_SPLITS:
@@ -396,6 +408,7 @@ class TileLaunch:
     key_cache: torch.Tensor
     value_cache: torch.Tensor
     block_table: torch.Tensor
+    block_kind: torch.Tensor  # per physical block: `BlockKind` (hidden blocks are masked)
     block_origin: torch.Tensor
     moved: torch.Tensor  # per request: reads a block away from its origin (`block_origins.misplaced_requests`)
     query_start_loc: torch.Tensor
@@ -456,7 +469,7 @@ def launch(
     flags = req_flags if req_flags is not None else work.seq_lens
     for move in (False, True) if work.rotary_dim else (False,):
         _attention_kernel[(num_tiles, num_kv_heads, splits)](
-            out, query, key_cache, work.value_cache, work.block_table, work.block_origin, work.moved,
+            out, query, key_cache, work.value_cache, work.block_table, work.block_kind, work.block_origin, work.moved,
             work.query_start_loc, work.seq_lens, work.window_starts, flags, work.cos_sin, part_acc, part_ml,
             work.scale * _LOG2E, num_reqs, splits,
             *query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),

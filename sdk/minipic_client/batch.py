@@ -36,8 +36,9 @@ from minipic_client.tokens import unicode_problem
 
 SampleId = str | int
 
-# How every result line starts (json.dumps of a dict whose first key is "id"):
-# a last line cut short by a kill is recognised by it.
+# The fields every result line has, first "id" then "text" (json.dumps keeps this order):
+# a file is a result file only when each of its lines has them all.
+_RESULT_KEYS = ("id", "text", "ttft_s", "cached_tokens", "prompt_tokens")
 _RESULT_START = b'{"id": '
 
 
@@ -53,13 +54,20 @@ class Sample:
 
 @dataclass(slots=True)
 class BatchSummary:
-    """What a run did; rates and percentiles cover this run's samples only."""
+    """What a run did; rates and percentiles cover this run's samples only.
+
+    `prompt_tokens`: the final prompts' tokens; `cached_tokens`: their cache hits,
+    the spans this run prefilled for them included; `computed_tokens`: what the
+    server computed for the run, span prefills included (None: it reports no cache
+    hits). The rest of the final prompts' tokens came from the cache (`reused_fraction`).
+    """
 
     completed: int = 0
     failed: int = 0
     elapsed_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    computed_tokens: int | None = None
     ttfts_s: list[float] = field(default_factory=list)
 
     @property
@@ -69,6 +77,12 @@ class BatchSummary:
     @property
     def cached_fraction(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def reused_fraction(self) -> float | None:
+        if self.computed_tokens is None or not self.prompt_tokens:
+            return None
+        return max(self.prompt_tokens - self.computed_tokens, 0) / self.prompt_tokens
 
     def ttft_percentile(self, percent: int) -> float | None:
         if len(self.ttfts_s) < 2:
@@ -207,7 +221,13 @@ class ResultFile:
             self._lock.release()
 
     def pending(self, samples: Sequence[Sample]) -> list[Sample]:
-        """The samples whose ids are not in the file yet."""
+        """The samples whose ids are not in the file yet; a file whose results are
+        all of other samples is refused (another input's output)."""
+        ids = {sample.id for sample in samples}
+        if self.done and not self.done & ids:
+            raise InputFileError(
+                str(self.path), f"its {len(self.done)} results are all of other samples' ids: {_NOT_OURS_HINT}"
+            )
         return [sample for sample in samples if sample.id not in self.done]
 
     def append(self, sample_id: SampleId, result: RagResult) -> None:
@@ -219,25 +239,61 @@ class ResultFile:
 
 
 def _finished_ids(path: Path, f: IO[bytes]) -> set[SampleId]:
-    """Ids in a result file, cutting off a last line that a kill left short, but only
-    once every other line is proven to be a result."""
+    """Ids in a result file. Every complete line must be a result; a last line
+    without its newline must be a result (kept, the newline added) or the start of
+    one that a kill cut short (cut off). Anything else is refused, the file unchanged."""
     data = f.read()
     end = data.rfind(b"\n") + 1
     done: set[SampleId] = set()
     for number, line in enumerate(data[:end].splitlines(), 1):
-        try:
-            done.add(json.loads(line)["id"])
-        except (ValueError, KeyError, TypeError):
-            raise BatchInputError(str(path), number, _NOT_OURS) from None
+        done.add(_result_id(path, number, line))
     tail = data[end:]
-    if tail:
-        if not (tail.startswith(_RESULT_START) or _RESULT_START.startswith(tail)):
-            raise BatchInputError(str(path), data.count(b"\n") + 1, _NOT_OURS)
+    if not tail:
+        return done
+    number = data.count(b"\n") + 1
+    try:
+        json.loads(tail)
+    except ValueError:  # not a whole JSON value: a line cut short, if it starts like one of ours
+        if not _cut_short_result(tail, after_results=bool(done)):
+            raise BatchInputError(str(path), number, _NOT_OURS) from None
         f.truncate(end)
+        return done
+    done.add(_result_id(path, number, tail))
+    f.write(b"\n")
     return done
 
 
-_NOT_OURS = "not a result line: is this the right --output file? (left unchanged)"
+def _result_id(path: Path, number: int, line: bytes) -> SampleId:
+    """The id of a result line; raises `BatchInputError` for any other line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        raise BatchInputError(str(path), number, _NOT_OURS) from None
+    missing = [key for key in _RESULT_KEYS if not isinstance(record, dict) or key not in record]
+    if missing:
+        fields = ", ".join(repr(key) for key in missing)
+        raise BatchInputError(str(path), number, f"not a result line (no {fields}): {_NOT_OURS_HINT}")
+    sample_id: SampleId = record["id"]
+    return sample_id
+
+
+def _cut_short_result(tail: bytes, *, after_results: bool) -> bool:
+    """Whether `tail` is a result line a kill cut short. After proven result lines,
+    any start of ``{"id": `` will do; alone in the file, it must reach ``"text": ``,
+    which a sample line (id, then system/docs/task) never has there."""
+    if not tail.startswith(_RESULT_START):
+        return after_results and _RESULT_START.startswith(tail)
+    text = tail.decode("utf-8", "replace")  # a kill may cut a character in two
+    try:
+        _, at = json.JSONDecoder().raw_decode(text, len(_RESULT_START))
+    except ValueError:  # the id itself was cut short
+        return after_results
+    rest = text[at:]
+    return rest.startswith(', "text": ') or (after_results and ', "text": '.startswith(rest))
+
+
+_NOT_OURS_HINT = "is this the right --output file? (left unchanged)"
+_NOT_OURS = f"not a result line: {_NOT_OURS_HINT}"
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -281,6 +337,8 @@ async def run_batch(
             return await run_batch(client, samples, opened, strategy=strategy, window=window, on_done=on_done)
     summary = BatchSummary()
     started = time.perf_counter()
+    computed_before = client.computed_tokens
+    reports_cache = True
     sendable = []
     for sample in samples:
         if sample.error is None:
@@ -302,10 +360,13 @@ async def run_batch(
                 summary.completed += 1
                 summary.prompt_tokens += outcome.prompt_tokens
                 summary.cached_tokens += outcome.cached_tokens or 0
+                reports_cache = reports_cache and outcome.cached_tokens is not None
                 summary.ttfts_s.append(outcome.ttft_s)
             if on_done is not None:
                 on_done(sample, outcome)
     summary.elapsed_s = time.perf_counter() - started
+    # The client's count, not the samples' sum: `batched` sends a window's prefills for no one sample.
+    summary.computed_tokens = client.computed_tokens - computed_before if reports_cache else None
     return summary
 
 
@@ -316,5 +377,7 @@ def _record(sample_id: SampleId, result: RagResult) -> dict[str, object]:
         "ttft_s": round(result.ttft_s, 6),
         "cached_tokens": result.cached_tokens,
         "prompt_tokens": result.prompt_tokens,
+        "computed_tokens": result.computed_tokens,
+        "reused_tokens": result.reused_tokens,
     }
 

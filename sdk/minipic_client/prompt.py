@@ -17,6 +17,16 @@ EPIC/LegoLink (``Span(text, recompute_blocks=k)``): the first ``k*block_size - 1
 document tokens go after a PDep, so ``[PDep head]`` fills exactly ``k`` blocks
 that are recomputed in context; the rest is an ordinary span ``[SSep tail pad..]``.
 A document no longer than the head is entirely dependent (padded).
+
+Hidden heads (``Span(text, head="hidden")``): the span opens with HSep instead of SSep,
+so its first block is attended only by the span's own tokens and hidden from
+everything after it (sink hiding). ``head="refreshed"`` (faithful EPIC from cached
+blocks) puts the document's first block in context first, ``[PDep head]`` with the
+first ``block_size - 1`` tokens, then the whole document as a hidden-head span
+``[HSep document pad..]``: the span's tokens attend to their own context-free head,
+everything after sees the refreshed head instead. A document that fits in one block
+is laid out as a plain span (``hidden``: hiding its only block would hide all of it)
+or entirely dependent (``refreshed``, as EPIC).
 """
 
 from __future__ import annotations
@@ -43,12 +53,26 @@ class Text:
     template: bool = False
 
 
+Head = Literal["shown", "hidden", "refreshed"]
+
+
 @dataclass(frozen=True, slots=True)
 class Span:
-    """An independent, reusable segment; ``recompute_blocks`` > 0 selects EPIC for it."""
+    """An independent, reusable segment; ``recompute_blocks`` > 0 selects EPIC for it,
+    ``head`` hides its first block from what follows (``refreshed``: recomputed in context)."""
 
     text: str
     recompute_blocks: int = 0
+    head: Head = "shown"
+
+    def __post_init__(self) -> None:
+        if self.head not in ("shown", "hidden", "refreshed"):
+            raise PromptError(f"Span(head={self.head!r}): head is 'shown', 'hidden' or 'refreshed'")
+        if self.recompute_blocks and self.head != "shown":
+            raise PromptError(
+                f"Span(recompute_blocks={self.recompute_blocks}, head={self.head!r}): EPIC's split heads "
+                "and hidden heads do not combine (head='refreshed' is EPIC with one hidden block)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +107,24 @@ class Epic:
         return Span(text, recompute_blocks=self.k)
 
 
-Technique = BlockAttention | Epic
+@dataclass(frozen=True, slots=True)
+class HiddenSink:
+    """Block-Attention with each document's first block hidden from everything after its span."""
+
+    def span(self, text: str) -> Span:
+        return Span(text, head="hidden")
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshedHeads:
+    """Faithful EPIC from cached blocks: each document's first block recomputed in context,
+    its cached context-free copy hidden from everything outside the document."""
+
+    def span(self, text: str) -> Span:
+        return Span(text, head="refreshed")
+
+
+Technique = BlockAttention | Epic | HiddenSink | RefreshedHeads
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -143,6 +184,7 @@ class PromptBuilder:
         ssep_token_id: int,
         pdep_token_id: int,
         pad_token_id: int,
+        hsep_token_id: int | None = None,
         cache_size: int = 65536,
     ) -> None:
         self._tokens = tokens
@@ -150,6 +192,7 @@ class PromptBuilder:
         self._ssep = ssep_token_id
         self._pdep = pdep_token_id
         self._pad_id = pad_token_id
+        self._hsep = hsep_token_id
         self._segment = lru_cache(maxsize=cache_size)(self._build_segment)
 
     def build(
@@ -199,16 +242,40 @@ class PromptBuilder:
         if isinstance(opener, Dependent):
             ids = (self._pdep, *body, *trailing)
             return (_Piece(self._pad(ids) if followed else ids, None),)
+        if opener.head != "shown":
+            return self._hidden_head_span(opener, body)
+        if not opener.recompute_blocks:
+            return (self._span_piece(self._ssep, body),)
         head_len = opener.recompute_blocks * self._block - 1
-        if opener.recompute_blocks and head_len >= len(body):
-            return (_Piece(self._pad((self._pdep, *body)), None),)
-        pieces = []
-        if opener.recompute_blocks:
-            pieces.append(_Piece((self._pdep, *body[:head_len]), None))
-            body = body[head_len:]
-        tail = self._pad((self._ssep, *body))
-        pieces.append(_Piece(tail, Prefill.of("span", tail)))
-        return tuple(pieces)
+        if head_len >= len(body):
+            return (self._head_piece(body, head_len),)
+        return (self._head_piece(body, head_len), self._span_piece(self._ssep, body[head_len:]))
+
+    def _hidden_head_span(self, opener: Span, body: TokenIds) -> tuple[_Piece, ...]:
+        """``[HSep body pad..]``, after ``[PDep head]`` for a refreshed head (see the module)."""
+        if self._hsep is None:
+            raise ConfigError(
+                f"Span(head={opener.head!r}) needs the server's HSep marker, and /minipic/info publishes "
+                "no hsep_token_id (an older MiniPIC server, or a tokenizer without a fourth unused special token)"
+            )
+        head_len = self._block - 1
+        if len(body) <= head_len:  # the document fits in the head block
+            if opener.head == "refreshed":
+                return (self._head_piece(body, head_len),)
+            return (self._span_piece(self._ssep, body),)
+        span = self._span_piece(self._hsep, body)
+        if opener.head == "refreshed":
+            return (self._head_piece(body, head_len), span)
+        return (span,)
+
+    def _head_piece(self, body: TokenIds, head_len: int) -> _Piece:
+        """``[PDep head]`` recomputed in context: exactly the blocks ``head_len + 1`` tokens
+        fill (the whole body, padded, when it fits)."""
+        return _Piece(self._pad((self._pdep, *body[:head_len])), None)
+
+    def _span_piece(self, opener_id: int, body: TokenIds) -> _Piece:
+        ids = self._pad((opener_id, *body))
+        return _Piece(ids, Prefill.of("span", ids))
 
     def _pad(self, ids: TokenIds) -> TokenIds:
         return ids + (self._pad_id,) * (-len(ids) % self._block)

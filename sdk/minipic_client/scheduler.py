@@ -104,10 +104,12 @@ class Scheduler:
         self.name = name
         # Digests and sizes only: remembering every span ever prefilled stays small.
         self._done: dict[bytes, int] = {}
-        self._pending: dict[bytes, asyncio.Task[None]] = {}
+        self._pending: dict[bytes, asyncio.Task[int | None]] = {}
         self._done_tokens = 0
         self._pending_tokens = 0
         self._busy = 0
+        # Prompt tokens the server reported computing (not cached) for this scheduler's requests.
+        self.computed_tokens = 0
 
     def holds(self, key: bytes) -> bool:
         """Whether the prefill with `key` was sent here (done or under way)."""
@@ -143,16 +145,29 @@ class Scheduler:
             self._done[key] = size
             self._done_tokens += size
 
-    async def prefill(self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None) -> None:
+    async def prefill(self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None) -> int | None:
         """Make `prefills` resident, sending only those no one sent or is sending
-        (`headers` go with the requests this call sends)."""
-        await self.send(prefills, headers)
+        (`headers` go with the requests this call sends). Returns the prompt tokens the
+        server computed for the requests this call sent (None: it reports no cache hits)."""
+        sent, resident = self._start(prefills, headers)
+        await resident
+        total = 0
+        for task in sent:
+            computed = task.result()
+            if computed is None:
+                return None
+            total += computed
+        return total
 
-    def send(
-        self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None
-    ) -> asyncio.Future[list[None]]:
+    def send(self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None) -> asyncio.Future[Any]:
         """`prefill`, its requests started at once (so placement sees them as held
-        before it routes the next job); await the result to wait for them.
+        before it routes the next job); await the result to wait for them."""
+        return self._start(prefills, headers)[1]
+
+    def _start(
+        self, prefills: Iterable[Prefill], headers: dict[str, str] | None
+    ) -> tuple[list[asyncio.Task[int | None]], asyncio.Future[Any]]:
+        """The requests this call sends, and a future of every prefill it needs.
 
         The ones nobody is sending go out together (one request per
         `MAX_PROMPTS_PER_REQUEST`); a failed request is forgotten, so the next caller
@@ -161,18 +176,20 @@ class Scheduler:
         todo = {p.key: p for p in prefills if p.key not in self._done}
         fresh = [p for key, p in todo.items() if key not in self._pending]
         step = min(MAX_PROMPTS_PER_REQUEST, self.max_in_flight)
+        sent: list[asyncio.Task[int | None]] = []
         for salt in dict.fromkeys(p.cache_salt for p in fresh):  # a request carries one salt
             salted = [p for p in fresh if p.cache_salt == salt]
             for start in range(0, len(salted), step):
                 chunk = salted[start : start + step]
                 task = asyncio.create_task(self._send_prefills(chunk, headers))
+                sent.append(task)
                 sizes = {p.key: len(p.token_ids) for p in chunk}
                 self._pending.update(dict.fromkeys(sizes, task))
                 self._pending_tokens += sum(sizes.values())
                 task.add_done_callback(partial(self._settle, sizes))
         tasks = {id(t): t for t in (self._pending.get(key) for key in todo) if t is not None}
         # Shielded: a caller that is cancelled must not cancel the others' prefills.
-        return asyncio.gather(*map(asyncio.shield, tasks.values()))
+        return sent, asyncio.gather(*map(asyncio.shield, tasks.values()))
 
     async def stream(
         self,
@@ -210,7 +227,7 @@ class Scheduler:
                 self._busy -= 1
         self._emit("final", len(token_ids), cached, start)
 
-    def _settle(self, sizes: dict[bytes, int], task: asyncio.Task[None]) -> None:
+    def _settle(self, sizes: dict[bytes, int], task: asyncio.Task[int | None]) -> None:
         succeeded = not task.cancelled() and task.exception() is None
         for key, size in sizes.items():
             del self._pending[key]
@@ -218,7 +235,8 @@ class Scheduler:
             if succeeded:
                 self.record(key, size)
 
-    async def _send_prefills(self, prefills: list[Prefill], headers: dict[str, str] | None) -> None:
+    async def _send_prefills(self, prefills: list[Prefill], headers: dict[str, str] | None) -> int | None:
+        """Send `prefills` as one request; returns the prompt tokens the server computed."""
         prompts = [list(p.token_ids) for p in prefills]
         body = {
             "model": self._model,
@@ -244,10 +262,13 @@ class Scheduler:
         tokens = sum(len(p) for p in prompts)
         cached = usage.cached_tokens if usage is not None else None
         self._emit(kind, tokens, cached, start, prompts=len(prompts))
+        return None if cached is None else tokens - cached
 
     def _emit(
         self, kind: RequestKind, prompt_tokens: int, cached: int | None, start: float, *, prompts: int = 1
     ) -> None:
+        if cached is not None:
+            self.computed_tokens += prompt_tokens - cached
         if self._on_request is not None:
             duration = time.perf_counter() - start
             self._on_request(RequestEvent(kind, prompt_tokens, cached, duration, prompts, self.name))

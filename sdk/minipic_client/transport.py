@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import time
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -18,7 +20,7 @@ import httpx
 from httpx_sse import EventSource, SSEError
 from tenacity import (
     AsyncRetrying,
-    before_sleep_log,
+    RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
     stop_before_delay,
@@ -65,20 +67,53 @@ class RetryPolicy:
 
     def retrying(
         self,
+        log: RetryLog,
         retried: tuple[type[MiniPICError], ...] = (ServerError, TransportError),
         *,
         quick: bool = False,
     ) -> AsyncRetrying:
-        """A tenacity loop that retries `retried` errors within this policy's bounds."""
+        """A tenacity loop that retries `retried` errors within this policy's bounds,
+        reporting them to `log`."""
         attempts = stop_never if self.attempts is None else stop_after_attempt(self.attempts)
         total_s = min(self.connect_s, self.total_s) if quick else self.total_s
         return AsyncRetrying(
             stop=attempts | stop_before_delay(total_s),
             wait=wait_random_exponential(multiplier=self.initial_backoff_s, max=self.max_backoff_s),
             retry=retry_if_exception_type(retried),
-            before_sleep=before_sleep_log(logger, logging.WARNING),
+            before_sleep=lambda state: log.retrying(state, total_s),
             reraise=True,
         )
+
+
+class RetryLog:
+    """Retries summarised for the ``minipic_client`` logger: one warning per distinct
+    problem while requests fail, one line once the server answers again, with how
+    long that took and how many retries it cost; not a line per attempt (a server
+    restart under load cost hundreds)."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._problems: set[str] = set()
+        self._retries = 0
+
+    def retrying(self, state: RetryCallState, budget_s: float) -> None:
+        problem = str(state.outcome.exception()) if state.outcome else "unknown error"
+        if self._since is None:
+            self._since = time.monotonic()
+        self._retries += 1
+        if problem not in self._problems:
+            self._problems.add(problem)
+            logger.warning("%s; retrying for up to %g s", problem, budget_s)
+
+    def answered(self) -> None:
+        """A request got through: close the current outage, if any, with its summary."""
+        if self._since is None:
+            return
+        logger.warning(
+            "the server answers again after %.1f s (%d %s retried)",
+            time.monotonic() - self._since, self._retries, "request" if self._retries == 1 else "requests",
+        )
+        self._since, self._problems, self._retries = None, set(), 0
 
 
 def root_url(url: str) -> httpx.URL:
@@ -123,20 +158,23 @@ class Connection:
     def __init__(self, http: httpx.AsyncClient, retry: RetryPolicy) -> None:
         self._http = http
         self.retry = retry
+        self.log = RetryLog()
+        url = http.base_url
+        self._origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
 
     async def get_json(self, path: str, *, quick: bool = False) -> Any:
         """GET `path`; `quick`: retried for `connect_s` only (the first contact, restart checks)."""
-        return await self.retry.retrying(quick=quick)(self._send_json, "GET", path, None, None)
+        return await self._retried(self._send_json, "GET", path, None, None, quick=quick)
 
     async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
-        return await self.retry.retrying()(self._send_json, "POST", path, body, headers)
+        return await self._retried(self._send_json, "POST", path, body, headers)
 
     async def stream(
         self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Data events of a streaming POST. Retried until the first event arrives; a
         connection lost after it raises `StreamInterruptedError`."""
-        opened: _Opened = await self.retry.retrying()(self._open_stream, path, body, headers)
+        opened: _Opened = await self._retried(self._open_stream, path, body, headers)
         response, events, first = opened
         try:
             yield first
@@ -149,10 +187,15 @@ class Connection:
             await events.aclose()
             await response.aclose()
 
+    async def _retried(self, send: Any, *args: Any, quick: bool = False) -> Any:
+        result = await self.retry.retrying(self.log, quick=quick)(send, *args)
+        self.log.answered()
+        return result
+
     async def _send_json(
         self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str] | None
     ) -> Any:
-        with _httpx_errors(f"{method} {path}"):
+        with _httpx_errors(f"{method} {path}", self._origin):
             response = await self._http.request(method, path, json=body, headers=headers)
         _raise_for_status(response)
         try:
@@ -162,12 +205,12 @@ class Connection:
 
     async def _open_stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None) -> _Opened:
         request = self._http.build_request("POST", path, json=body, headers=headers)
-        with _httpx_errors(f"POST {path}"):
+        with _httpx_errors(f"POST {path}", self._origin):
             response = await self._http.send(request, stream=True)
-        events = _events(response, f"POST {path}")
+        events = _events(response, f"POST {path}", self._origin)
         try:
             if not response.is_success:
-                with _httpx_errors(f"POST {path}"):
+                with _httpx_errors(f"POST {path}", self._origin):
                     await response.aread()
                 _raise_for_status(response)
             first = await anext(events)
@@ -179,27 +222,53 @@ class Connection:
 
 
 @contextmanager
-def _httpx_errors(what: str) -> Iterator[None]:
+def _httpx_errors(what: str, origin: str) -> Iterator[None]:
     """httpx's errors as MiniPIC's: connection trouble is a `TransportError` (retried),
-    a URL httpx cannot use a `ConfigError`, an unreadable answer a `ServerError`."""
+    a URL httpx cannot use a `ConfigError`, an unreadable answer a `ServerError`.
+    A connection that cannot be opened says so, naming `origin` (the server) and the
+    reason in words (httpx-aiohttp reports a refused connection as a ConnectTimeout
+    whose text names TLS settings)."""
     try:
         yield
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         raise ConfigError(f"{what}: {exc}") from exc
     except (httpx.DecodingError, httpx.TooManyRedirects, SSEError) as exc:  # SSEError is an httpx.TransportError
         raise ServerError(BAD_ANSWER_STATUS, f"{what}: unreadable answer: {exc}") from exc
-    except httpx.TransportError as exc:
-        raise TransportError(f"{what}: {exc!r}") from exc
-    except (OSError, asyncio.TimeoutError) as exc:  # what a transport (aiohttp's) may leave unmapped
-        raise TransportError(f"{what}: {exc!r}") from exc
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        reason = _os_reason(exc) or ("timed out" if isinstance(exc, httpx.ConnectTimeout) else str(exc))
+        raise TransportError(f"cannot connect to {origin} ({reason})") from exc
+    except (httpx.TransportError, OSError, asyncio.TimeoutError) as exc:  # OSError: what aiohttp leaves unmapped
+        raise TransportError(f"{what}: connection to {origin} lost ({_os_reason(exc) or repr(exc)})") from exc
 
 
-async def _events(response: httpx.Response, what: str) -> AsyncGenerator[dict[str, Any], None]:
+# The socket errors behind a failed request, in words.
+_OS_REASONS: tuple[tuple[type[BaseException], str], ...] = (
+    (ConnectionRefusedError, "connection refused"),
+    (ConnectionResetError, "connection reset"),
+    (socket.gaierror, "host not found"),
+    (TimeoutError, "timed out"),
+)
+
+
+def _os_reason(exc: BaseException) -> str | None:
+    """The first socket error in `exc`'s chain (aiohttp keeps it in ``os_error``), in words."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for kind, reason in _OS_REASONS:
+            if isinstance(current, kind):
+                return reason
+        current = getattr(current, "os_error", None) or current.__cause__ or current.__context__
+    return None
+
+
+async def _events(response: httpx.Response, what: str, origin: str) -> AsyncGenerator[dict[str, Any], None]:
     """vLLM's server-sent events as JSON objects, up to ``data: [DONE]``; an error
     event is raised as the error it reports, and a stream that ends without ``[DONE]``
     (a server killed mid-answer can close it cleanly) as a `TransportError`, never as a
     shorter answer."""
-    with _httpx_errors(what):
+    with _httpx_errors(what, origin):
         async for sse in EventSource(response).aiter_sse():
             if sse.data == "[DONE]":
                 return

@@ -7,7 +7,8 @@ whose first slot this step writes: its `BlockKind`, from the token written there
 (`minipic_kernels.block_kinds.block_kinds_of_tokens`), and its origin, the logical block
 at which its keys are computed (`minipic_kernels.block_origins`). It hands every layer's
 metadata both records and the window start of each logical block, and routes the CUDA
-step plan (which requests have windows, which read a block away from its origin).
+step plan (which requests have masks: windows or hidden blocks to skip; which read a
+block away from its origin).
 
 Invariant: while a physical block holds tokens, its records describe the block's first
 token. A block's first slot is written exactly once per use (in the step that writes
@@ -28,7 +29,12 @@ from torch import nn
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.layers.attention.attention import get_attention_context
 
-from minipic_kernels.block_kinds import block_kinds_of_tokens, requests_with_windows, window_starts_per_block
+from minipic_kernels.block_kinds import (
+    block_kinds_of_tokens,
+    hidden_per_block,
+    requests_with_masks,
+    window_starts_per_block,
+)
 from minipic_kernels.block_origins import misplaced_requests
 from minipic_server.backends.common import PicAttentionMetadata
 from minipic_server.boundary import MODEL_FORWARD, patch_instance
@@ -90,8 +96,9 @@ class BlockRecorder:
         for md in _distinct_metadata(get_forward_context().attn_metadata):
             md.block_kind, md.block_origin, md.window_starts, md.moved = kinds, origins, windows, moved
             if md.plan is not None and md.plan.has_prefill:
-                windowed = requests_with_windows(windows, md.query_start_loc, md.seq_lens, md.block_size)
-                md.plan = md.plan.routed(windowed, moved, md.seq_lens)
+                hidden = hidden_per_block(md.block_table, kinds)
+                masked = requests_with_masks(windows, hidden, md.query_start_loc, md.seq_lens, md.block_size)
+                md.plan = md.plan.routed(masked, moved, md.seq_lens)
 
     def _write(
         self,
@@ -108,7 +115,7 @@ class BlockRecorder:
         starts_block = (slots >= 0) & (slots % block_size == 0)
         spare = kinds.shape[0] - 1
         target = torch.where(starts_block, slots // block_size, torch.full_like(slots, spare))
-        kinds.index_copy_(0, target, block_kinds_of_tokens(ids, self.pic.ssep_token_id, self.pic.pdep_token_id))
+        kinds.index_copy_(0, target, block_kinds_of_tokens(ids, *self.pic.kind_marker_ids))
         origins.index_copy_(0, target, (positions[:num_tokens] // block_size).to(torch.int32))
 
 

@@ -146,6 +146,9 @@ SCHEDULER_ALLOCATE_SLOTS = patch(
 ENGINE_GAPS = attach("vllm.v1.engine.core:EngineCore._minipic_gaps", "the engine's GapScheduling, once installed")
 
 _PICK_BACKEND = "minipic_server.backend_selection:wrap_get_attn_backend_cls"
+_ONLINE = "vllm.renderers.online_renderer"
+_SALT_POLICY = "minipic_server.salt_policy:wrap_render"
+_SALT_WHY = "minipic.require_cache_salt: a request without a cache salt gets a 400 before it is rendered"
 _PICK_BACKEND_PARAMS = ("cls", "selected_backend", "attn_selector_config", "num_heads")
 
 TABLE: tuple[Intervention, ...] = (
@@ -156,6 +159,18 @@ TABLE: tuple[Intervention, ...] = (
     wrap("vllm.renderers.registry:RendererRegistry.load_renderer", "minipic_server.marker_text:wrap_load_renderer",
          "renderers get a tokenizer that turns marker strings in text into ordinary text: markers count only "
          "in token-id prompts", ("self", "renderer_mode", "config", "tokenizer")),
+    *(wrap(f"{_ONLINE}:OnlineRenderer.{name}", _SALT_POLICY, _SALT_WHY, ("self", "request", "skip_mm_cache"))
+      for name in ("render_completion", "render_chat")),
+    wrap(f"{_ONLINE}:OnlineRenderer.render_responses", _SALT_POLICY, _SALT_WHY,
+         ("self", "request", "previous_messages", "previous_response_outputs", "tool_server", "skip_mm_cache"),
+         versions=("0.32",)),
+    use(f"{_ONLINE}:OnlineRenderer.renderer", "require_cache_salt: the engine's renderer"),
+    use(f"{_ONLINE}:OnlineRenderer.create_error_response",
+        "require_cache_salt: vLLM's own 400 answer", keywords=("param",)),
+    use("vllm.renderers.base:BaseRenderer.config", "require_cache_salt: the engine's configuration"),
+    *(use(f"vllm.entrypoints.openai.{kind}.protocol:{name}.cache_salt", "require_cache_salt: the request's salt")
+      for kind, name in (("completion", "CompletionRequest"), ("chat_completion", "ChatCompletionRequest"),
+                         ("responses", "ResponsesRequest"))),
     wrap("vllm.v1.engine.core:EngineCore._initialize_kv_caches",
          "minipic_server.engine_hooks:wrap_initialize_kv_caches",
          "build the marker-aware block hasher once the KV-cache layout is final", ("self", "vllm_config")),

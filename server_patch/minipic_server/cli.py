@@ -24,6 +24,14 @@ def serve(
     ssep_token_id: int | None = typer.Option(None, help="SSep marker id (default: from the tokenizer)."),
     pdep_token_id: int | None = typer.Option(None, help="PDep marker id (default: from the tokenizer)."),
     pad_token_id: int | None = typer.Option(None, help="Pad id (default: from the tokenizer)."),
+    hsep_token_id: int | None = typer.Option(
+        None, help="HSep (hidden-head span) marker id (default: from the tokenizer, after the other three)."
+    ),
+    require_cache_salt: bool = typer.Option(
+        False, "--require-cache-salt",
+        help="Refuse (400) completion and chat requests without a cache_salt: callers cannot probe each "
+        "other's cached documents.",
+    ),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
     import vllm
@@ -42,7 +50,7 @@ def serve(
     if any(v is not None for v in given) and None in given:
         raise typer.BadParameter("give all three of --ssep-token-id, --pdep-token-id, --pad-token-id")
     markers = MarkerIds(*given) if None not in given else None
-    serve_main(model, list(ctx.args), markers)
+    serve_main(model, list(ctx.args), markers, hsep_token_id, require_cache_salt=require_cache_salt)
 
 
 def make_tiny_model(

@@ -7,11 +7,14 @@ so torch.compile caches never mix graphs built with and without PIC.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 CONFIG_KEY = "minipic"
 _FIELDS = ("ssep_token_id", "pdep_token_id", "pad_token_id")
+# Optional: a configuration written before hidden heads existed has no HSep marker.
+_OPTIONAL_FIELDS = ("hsep_token_id",)
+_OPTIONS = ("require_cache_salt",)
 
 
 class MiniPICConfigError(ValueError):
@@ -20,30 +23,49 @@ class MiniPICConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PicConfig:
-    """Marker token ids; a block whose first prompt token is one of them changes hashing."""
+    """Marker token ids; a block whose first prompt token is one of them changes hashing
+    (``hsep_token_id`` None: no hidden heads on this server). `require_cache_salt`:
+    requests without a ``cache_salt`` are refused (`salt_policy`)."""
 
     ssep_token_id: int
     pdep_token_id: int
     pad_token_id: int
+    hsep_token_id: int | None = None
+    require_cache_salt: bool = False
 
     def __post_init__(self) -> None:
-        for name in _FIELDS:
-            value = getattr(self, name)
+        for name, value in self.markers.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise MiniPICConfigError(f"minipic.{name} must be a non-negative integer, got {value!r}")
-        ids = [getattr(self, name) for name in _FIELDS]
-        if len(set(ids)) != len(ids):
+        if len(set(self.marker_ids)) != len(self.marker_ids):
             raise MiniPICConfigError(
                 "minipic marker ids must differ from each other, got "
-                + ", ".join(f"{name}={getattr(self, name)}" for name in _FIELDS)
+                + ", ".join(f"{name}={value}" for name, value in self.markers.items())
+            )
+        if not isinstance(self.require_cache_salt, bool):
+            raise MiniPICConfigError(
+                f"minipic.require_cache_salt must be true or false, got {self.require_cache_salt!r}"
             )
 
     @property
-    def marker_ids(self) -> tuple[int, int, int]:
-        return (self.ssep_token_id, self.pdep_token_id, self.pad_token_id)
+    def markers(self) -> dict[str, int]:
+        """The configured markers by field name (no ``hsep_token_id`` when unset)."""
+        fields = (*_FIELDS, *(name for name in _OPTIONAL_FIELDS if getattr(self, name) is not None))
+        return {name: getattr(self, name) for name in fields}
 
-    def to_additional_config(self) -> dict[str, dict[str, int]]:
-        return {CONFIG_KEY: asdict(self)}
+    @property
+    def marker_ids(self) -> tuple[int, ...]:
+        """Every marker id (banned from sampling, kept out of text)."""
+        return tuple(self.markers.values())
+
+    @property
+    def kind_marker_ids(self) -> tuple[int, int, int | None]:
+        """The ids that give a block a kind, as `minipic_kernels.block_kinds` takes them."""
+        return (self.ssep_token_id, self.pdep_token_id, self.hsep_token_id)
+
+    def to_additional_config(self) -> dict[str, dict[str, Any]]:
+        options = {"require_cache_salt": True} if self.require_cache_salt else {}
+        return {CONFIG_KEY: {**self.markers, **options}}
 
     @classmethod
     def from_section(cls, section: Any) -> PicConfig:
@@ -51,14 +73,16 @@ class PicConfig:
             raise MiniPICConfigError(
                 f"additional_config.{CONFIG_KEY} must be an object with {', '.join(_FIELDS)}"
             )
-        unknown = sorted(set(section) - set(_FIELDS))
+        known = (*_FIELDS, *_OPTIONAL_FIELDS, *_OPTIONS)
+        unknown = sorted(set(section) - set(known))
         missing = [name for name in _FIELDS if name not in section]
         if unknown or missing:
             raise MiniPICConfigError(
                 f"additional_config.{CONFIG_KEY}: missing {missing or 'nothing'}, "
-                f"unknown {unknown or 'nothing'}; expected exactly {list(_FIELDS)}"
+                f"unknown {unknown or 'nothing'}; expected {list(_FIELDS)}, "
+                f"optionally {list((*_OPTIONAL_FIELDS, *_OPTIONS))}"
             )
-        return cls(**{name: section[name] for name in _FIELDS})
+        return cls(**{name: section[name] for name in known if name in section})
 
 
 def pic_config_of(vllm_config: Any) -> PicConfig | None:

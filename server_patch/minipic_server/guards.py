@@ -92,7 +92,7 @@ def check_attention_backend(selected: Any) -> None:
 def check_markers(pic: PicConfig, model_config: Any) -> None:
     """Marker ids must fit the embedding table and follow `minipic_server.markers`' rule."""
     embedding_rows = model_config.get_vocab_size()
-    for name, token_id in zip(("ssep_token_id", "pdep_token_id", "pad_token_id"), pic.marker_ids):
+    for name, token_id in pic.markers.items():
         if token_id >= embedding_rows:
             raise MiniPICConfigError(
                 f"minipic.{name}={token_id} is outside the model's embedding table (size {embedding_rows})"
@@ -101,7 +101,7 @@ def check_markers(pic: PicConfig, model_config: Any) -> None:
         tokenizer = load_tokenizer(
             model_config.tokenizer, model_config.tokenizer_revision, model_config.trust_remote_code
         )
-        check_marker_ids(tokenizer, MarkerIds(*pic.marker_ids))
+        check_marker_ids(tokenizer, MarkerIds(**pic.markers))
 
 
 def check_kv_cache_groups(num_groups: int) -> None:

@@ -1,12 +1,13 @@
-"""Block hashing with SSep and PDep markers (engine-core process).
+"""Block hashing with SSep, HSep and PDep markers (engine-core process).
 
 vLLM chains every full block's hash on the block before it, so a document only
 hits the cache after an identical prefix. Markers change the parent of a block,
 by the rule of `minipic_kernels.block_kinds`:
 
-- an SSep block (SSep as its first *prompt* token) hashes as if it had no parent
-  (plus the request's ``cache_salt``), so the span starting there is reusable
-  after any prefix;
+- an SSep or HSep block (the marker as its first *prompt* token) hashes as if it
+  had no parent (plus the request's ``cache_salt``), so the span starting there is
+  reusable after any prefix (an HSep block is also hidden from everything outside
+  its span, which only removes context: no hash changes for it);
 - the other blocks of a span chain on the block before them, so a multi-block
   span stays one unit;
 - a block outside any span (a PDep block, or any block before the first SSep)
@@ -33,7 +34,7 @@ from vllm.v1.core.kv_cache_utils import (
 )
 from vllm.v1.request import Request
 
-from minipic_kernels.block_kinds import BlockKind, block_kind_of, in_span
+from minipic_kernels.block_kinds import BlockKind, block_kind_of, in_span, opens_span
 from minipic_server.boundary import CHAIN_STATE, patch_instance
 from minipic_server.config import MiniPICConfigError, PicConfig
 
@@ -50,7 +51,7 @@ def _block_kind(request: Request, start: int, pic: PicConfig) -> BlockKind:
     """What the token at ``start`` makes of its block; only prompt tokens count."""
     if start >= request.num_prompt_tokens:
         return BlockKind.PLAIN
-    return block_kind_of(request.all_token_ids[start], pic.ssep_token_id, pic.pdep_token_id)
+    return block_kind_of(request.all_token_ids[start], *pic.kind_marker_ids)
 
 
 def _salted(request: Request, start: int, extra_keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
@@ -82,7 +83,7 @@ def make_pic_block_hasher(
             prefix_hash = hash_block_tokens(hash_fn, state.prefix_hash, tokens, extra_keys)
             kind = _block_kind(request, start, pic)
             state.in_span = in_span(kind, state.in_span)
-            if kind is BlockKind.SSEP:
+            if opens_span(kind):
                 block_hash = hash_block_tokens(
                     hash_fn, kv_cache_utils.NONE_HASH, tokens, _salted(request, start, extra_keys)
                 )

@@ -1,4 +1,4 @@
-"""Marker tokens (SSep, PDep, pad): one rule for what may be one, used to pick them and to check them.
+"""Marker tokens (SSep, PDep, pad, HSep): one rule for what may be one, used to pick them and to check them.
 
 A marker changes how the server hashes and attends, so only a token-id prompt that means it
 may contain it. A token id may be a marker when
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 from typing import Any
 
 from minipic_server.config import MiniPICConfigError
@@ -27,6 +27,7 @@ from minipic_server.config import MiniPICConfigError
 SSEP_TOKEN = "<|minipic_ssep|>"
 PDEP_TOKEN = "<|minipic_pdep|>"
 PAD_TOKEN = "<|minipic_pad|>"
+HSEP_TOKEN = "<|minipic_hsep|>"
 
 # Preferred names, tried in order before the general choice, so that ids stay what
 # deployments already use: MiniPIC's own tokens, then three of Llama 3's 250 reserved ones.
@@ -34,6 +35,9 @@ PREFERRED_NAMES = (
     (SSEP_TOKEN, PDEP_TOKEN, PAD_TOKEN),
     ("<|reserved_special_token_10|>", "<|reserved_special_token_11|>", "<|reserved_special_token_12|>"),
 )
+# HSep came later; it is picked after the other three, which it never changes: the name
+# that goes with the set picked, else the last unused special token they left.
+PREFERRED_HSEP_NAMES = (HSEP_TOKEN, "<|reserved_special_token_13|>")
 
 _SAMPLE_CONVERSATIONS = (
     [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
@@ -47,6 +51,7 @@ class MarkerIds:
     ssep_token_id: int
     pdep_token_id: int
     pad_token_id: int
+    hsep_token_id: int | None = None  # None: the tokenizer has no fourth unused special token
 
 
 @functools.lru_cache(maxsize=4)
@@ -96,7 +101,8 @@ class MarkerRule:
         return [token_id for token_id in sorted(self._special) if self.problem(token_id) is None]
 
     def pick(self) -> MarkerIds:
-        """The first preferred name set that is valid, else the last three valid ids.
+        """The first preferred name set that is valid, else the last three valid ids; then
+        HSep (`pick_hsep`).
 
         Tokenizers list their working special tokens first and unused ones last.
         """
@@ -104,7 +110,7 @@ class MarkerRule:
         for names in PREFERRED_NAMES:
             ids = [vocab.get(name) for name in names]
             if all(token_id is not None and self.problem(token_id) is None for token_id in ids):
-                return MarkerIds(*ids)
+                return self.with_hsep(MarkerIds(*ids))
         valid = self.valid_ids()
         if len(valid) < 3:
             raise MiniPICConfigError(
@@ -112,11 +118,26 @@ class MarkerRule:
                 f"({_ids(valid)}), 3 are needed; add special tokens to the tokenizer and pass "
                 "--ssep-token-id, --pdep-token-id and --pad-token-id"
             )
-        return MarkerIds(*valid[-3:])
+        return self.with_hsep(MarkerIds(*valid[-3:]))
+
+    def with_hsep(self, markers: MarkerIds) -> MarkerIds:
+        """`markers` with an HSep id picked when they have none: the first valid preferred
+        name, else the last valid id the other markers do not use, else none (the server
+        then serves no hidden heads)."""
+        if markers.hsep_token_id is not None:
+            return markers
+        taken = set(astuple(markers))
+        vocab = self._tokenizer.get_vocab()
+        preferred = [vocab.get(name) for name in PREFERRED_HSEP_NAMES]
+        free = [i for i in self.valid_ids() if i not in taken]
+        candidates = [i for i in preferred if i in free] + free[::-1]
+        return replace(markers, hsep_token_id=candidates[0] if candidates else None)
 
     def check(self, markers: MarkerIds) -> None:
         """Refuse, in one line, the first marker id that breaks the rule."""
         for field, token_id in zip(fields(markers), astuple(markers)):
+            if token_id is None:
+                continue
             problem = self.problem(token_id)
             if problem is not None:
                 raise MiniPICConfigError(

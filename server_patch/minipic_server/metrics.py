@@ -3,7 +3,7 @@
 They are counted in the API-server process, where vLLM's ``/metrics`` lives:
 when a request finishes, its prompt ids and its prefix-cache hit are both known
 there, and the block rule of `minipic_kernels.block_kinds` tells which prompt
-blocks were spans, SSep or PDep blocks. Like vLLM's own request metrics, they
+blocks were spans, SSep, HSep or PDep blocks. Like vLLM's own request metrics, they
 are not counted with ``--disable-log-stats``.
 """
 
@@ -27,10 +27,14 @@ class PromptAccount:
     ssep_blocks_computed: int = 0
     pdep_blocks_computed: int = 0
     windowed_tokens: int = 0
+    hsep_blocks_computed: int = 0
 
     @property
     def has_markers(self) -> bool:
-        return bool(self.span_blocks_reused or self.ssep_blocks_computed or self.pdep_blocks_computed)
+        return bool(
+            self.span_blocks_reused or self.ssep_blocks_computed or self.pdep_blocks_computed
+            or self.hsep_blocks_computed
+        )
 
 
 def account(token_ids: Sequence[int], num_cached_tokens: int, block_size: int, pic: PicConfig) -> PromptAccount:
@@ -40,10 +44,10 @@ def account(token_ids: Sequence[int], num_cached_tokens: int, block_size: int, p
     a span block attends from its span's start, not from the prompt's: windowed.
     A marker block is computed when it starts at or after the cached prefix.
     """
-    reused = ssep = pdep = windowed = 0
+    reused = ssep = pdep = hsep = windowed = 0
     spanning = False
     for start in range(0, len(token_ids), block_size):
-        kind = block_kind_of(token_ids[start], pic.ssep_token_id, pic.pdep_token_id)
+        kind = block_kind_of(token_ids[start], *pic.kind_marker_ids)
         spanning = in_span(kind, spanning)
         end = min(start + block_size, len(token_ids))
         computed = end - max(start, num_cached_tokens)
@@ -54,17 +58,18 @@ def account(token_ids: Sequence[int], num_cached_tokens: int, block_size: int, p
         if start >= num_cached_tokens:
             ssep += kind is BlockKind.SSEP
             pdep += kind is BlockKind.PDEP
-    return PromptAccount(reused, ssep, pdep, windowed)
+            hsep += kind is BlockKind.HSEP
+    return PromptAccount(reused, ssep, pdep, windowed, hsep)
 
 
 class _Counters:
     def __init__(self) -> None:
         self.span_blocks_reused = Counter(
-            "minipic:span_blocks_reused", "Prompt blocks inside SSep spans served from the prefix cache."
+            "minipic:span_blocks_reused", "Prompt blocks inside SSep or HSep spans served from the prefix cache."
         )
         self.marker_blocks_computed = Counter(
             "minipic:marker_blocks_computed",
-            "Prompt blocks starting with an SSep or PDep marker that were computed (not served from the cache).",
+            "Prompt blocks starting with an SSep, HSep or PDep marker that were computed (not served from the cache).",
             ["kind"],
         )
         self.windowed_tokens = Counter(
@@ -72,7 +77,7 @@ class _Counters:
             "Prompt tokens computed inside a span: attending from the span's start, not the prompt's.",
         )
         self.requests_with_markers = Counter(
-            "minipic:requests_with_markers", "Finished requests whose prompt has SSep or PDep blocks."
+            "minipic:requests_with_markers", "Finished requests whose prompt has SSep, HSep or PDep blocks."
         )
 
     def add(self, prompt: PromptAccount) -> None:
@@ -82,6 +87,7 @@ class _Counters:
         self.span_blocks_reused.inc(prompt.span_blocks_reused)
         self.marker_blocks_computed.labels(kind="ssep").inc(prompt.ssep_blocks_computed)
         self.marker_blocks_computed.labels(kind="pdep").inc(prompt.pdep_blocks_computed)
+        self.marker_blocks_computed.labels(kind="hsep").inc(prompt.hsep_blocks_computed)
         self.windowed_tokens.inc(prompt.windowed_tokens)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from argparse import ArgumentParser, Namespace
+from dataclasses import replace
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -55,24 +56,39 @@ def vllm_serve_parser(defaults: dict[str, Any]) -> tuple[ArgumentParser, Any]:
     return parser, command
 
 
-def serve_args(parser: ArgumentParser, model: str, vllm_args: list[str], markers: MarkerIds | None) -> Namespace:
+def serve_args(
+    parser: ArgumentParser,
+    model: str,
+    vllm_args: list[str],
+    markers: MarkerIds | None,
+    hsep_token_id: int | None = None,
+    *,
+    require_cache_salt: bool = False,
+) -> Namespace:
     """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config, with
-    `markers` checked against the tokenizer, or picked from it when not given."""
+    `markers` checked against the tokenizer, or picked from it when not given;
+    ``hsep_token_id`` overrides HSep alone (picked after the other three when not given)."""
     args = parser.parse_args(["serve", model, *vllm_args])
     rule = MarkerRule(load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code))
-    if markers is None:
-        markers = rule.pick()
-    else:
-        rule.check(markers)
-    args.additional_config = with_pic_section(args.additional_config, markers)
+    markers = markers or rule.pick()
+    if hsep_token_id is not None:
+        markers = replace(markers, hsep_token_id=hsep_token_id)
+    markers = rule.with_hsep(markers)
+    rule.check(markers)
+    args.additional_config = with_pic_section(args.additional_config, markers, require_cache_salt)
     return args
 
 
-def with_pic_section(additional_config: dict[str, Any] | None, markers: MarkerIds) -> dict[str, Any]:
+def with_pic_section(
+    additional_config: dict[str, Any] | None, markers: MarkerIds, require_cache_salt: bool = False
+) -> dict[str, Any]:
     """The user's additional config with the ``minipic`` section merged in; keys the
-    user set in that section win over the markers picked from the tokenizer."""
+    user set in that section win over the markers picked from the tokenizer, and
+    ``--require-cache-salt`` over the section."""
     config = dict(additional_config or {})
-    section = {**vars(PicConfig(**vars(markers))), **config.get(CONFIG_KEY, {})}
+    section = {**PicConfig(**vars(markers)).markers, **config.get(CONFIG_KEY, {})}
+    if require_cache_salt:
+        section["require_cache_salt"] = True
     config[CONFIG_KEY] = section
     return config
 
@@ -99,7 +115,14 @@ def run_vllm_serve(argv: list[str]) -> None:
     command.cmd(args)
 
 
-def serve_main(model: str, vllm_args: list[str], markers: MarkerIds | None = None) -> None:
+def serve_main(
+    model: str,
+    vllm_args: list[str],
+    markers: MarkerIds | None = None,
+    hsep_token_id: int | None = None,
+    *,
+    require_cache_salt: bool = False,
+) -> None:
     """``minipic serve``; a configuration PIC cannot serve ends the process with one
     line, the last of the output, instead of a traceback."""
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
@@ -110,7 +133,7 @@ def serve_main(model: str, vllm_args: list[str], markers: MarkerIds | None = Non
     lifetime.children_die_with_this_process()
     try:
         parser, command = vllm_serve_parser(serve_defaults(current_platform.is_cpu()))
-        args = serve_args(parser, model, vllm_args, markers)
+        args = serve_args(parser, model, vllm_args, markers, hsep_token_id, require_cache_salt=require_cache_salt)
         command.validate(args)
         command.cmd(args)
     except MiniPICConfigError as exc:

@@ -31,6 +31,9 @@ def wrap_create_engine_config(original: Callable[..., Any]) -> Callable[..., Any
     return create_engine_config
 
 
+_ROLES = ("SSep", "PDep", "pad", "HSep")  # in `PicConfig.markers` order
+
+
 def startup_block(vllm_config: Any, pic: PicConfig) -> str:
     """What an operator needs to see once: PIC is on, with which markers, blocks and attention."""
     import vllm
@@ -42,7 +45,7 @@ def startup_block(vllm_config: Any, pic: PicConfig) -> str:
     names = _marker_strings(model_config, pic)
     markers = ", ".join(
         f"{role} {token_id} {name!r}"
-        for role, token_id, name in zip(("SSep", "PDep", "pad"), pic.marker_ids, names)
+        for role, token_id, name in zip(_ROLES, pic.marker_ids, names)
     )
     return "\n".join((
         f"MiniPIC {__version__}: position-independent caching ACTIVE",

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
+from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
 BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
@@ -33,6 +33,9 @@ SPECIAL_TOKENS = (
     PAD_TOKEN,
 )
 VOCAB_SIZE = 2048
+# Added after training, so it takes the id after every learned token and no earlier id
+# moves (HSep came after the other markers).
+LATE_SPECIAL_TOKENS = (HSEP_TOKEN,)
 MAX_LEN = 4096
 
 CHAT_TEMPLATE = (
@@ -110,6 +113,7 @@ def build_tokenizer() -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(random.Random(0)), trainer=trainer)
+    tok.add_special_tokens(list(LATE_SPECIAL_TOKENS))
     bos_id = tok.token_to_id(BOS_TOKEN)
     tok.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
