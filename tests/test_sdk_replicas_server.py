@@ -118,13 +118,12 @@ async def test_minipic_batch_over_two_replicas(replicas: list[RunningServer], tm
 
 
 async def test_a_replica_stopped_mid_run_and_started_again(
-    replicas: list[RunningServer], server_pool: ServerPool
+    replicas: list[RunningServer], server_pool: ServerPool, caplog: pytest.LogCaptureFixture
 ) -> None:
     requests = workload(documents=8, uses=2)
     single = [r.token_ids for r in await one_server_answers(replicas[0], requests)]
     victim = replicas[1]
     events: list[RequestEvent] = []
-    finals_before_stop: list[int] = []
     four_answered = asyncio.Event()
 
     def stop_after_some(event: RequestEvent) -> None:
@@ -139,14 +138,15 @@ async def test_a_replica_stopped_mid_run_and_started_again(
         async def stopper() -> None:
             await four_answered.wait()
             await asyncio.to_thread(victim.stop)
-            finals_before_stop.append(sum(e.kind == "final" for e in events))
 
         stopping = asyncio.create_task(stopper())
-        results = await run(client, requests, window=4)
+        with caplog.at_level("WARNING", logger="minipic_client"):
+            results = await run(client, requests, window=4)
         await stopping
         assert [r.token_ids for r in results] == single  # every sample once, as one server answers it
-        finals_after = [e.endpoint for e in events if e.kind == "final"][finals_before_stop[0] :]
-        assert finals_after and set(finals_after) == {client.endpoints[0].name}
+        assert any(f"{victim_name} failed" in r.getMessage() for r in caplog.records)  # it failed mid-run
+        # The victim answered at most the four before its stop and the four in flight then.
+        assert sum(e.kind == "final" and e.endpoint == victim_name for e in events) <= 8
 
         port = int(victim.url.rsplit(":", 1)[1])
         replicas[1] = start(victim.spec, victim.model_dir, server_pool.log_dir, port)
