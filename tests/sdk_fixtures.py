@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from minipic_client import BlockAttention, RetryPolicy, SpanClient, Tokenizer
+from minipic_client.placement import DP_RANK_HEADER
 from minipic_kernels.block_kinds import block_kind_of, in_span, opens_span
 from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
@@ -43,7 +44,10 @@ class FakeServer:
 
     `faults` is consumed one entry per ``/v1/completions`` request: ``"503"``,
     ``"429"``, ``"400"`` (answers that status), ``"drop"`` (connection error
-    before an answer), ``"break"`` (a stream that dies after its first chunk).
+    before an answer), ``"break"`` (a stream that dies after its first chunk),
+    ``"abort"`` (a stream whose second event is vLLM's error event, code 500), ``"cut"``
+    (a stream closed cleanly after its first chunk, without ``[DONE]``).
+    While `down` is set, every request fails to connect (a stopped replica).
     """
 
     def __init__(
@@ -67,6 +71,8 @@ class FakeServer:
             "instance_id": uuid.uuid4().hex,
         }
         self.delay_s = delay_s
+        self.down = False
+        self.headers: list[httpx.Headers] = []  # of every request
         self.faults: deque[str] = deque()
         self.requests: list[Recorded] = []  # one per prompt
         self.http_requests = 0  # completions requests (each may carry several prompts)
@@ -91,6 +97,9 @@ class FakeServer:
         return [r for r in self.requests if r.kind == kind]
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("connection refused (replica down)")
+        self.headers.append(request.headers)
         if request.url.path == "/minipic/info":
             return httpx.Response(200, json=self.info)
         body = json.loads(request.content)
@@ -150,11 +159,13 @@ class FakeServer:
         ]
         events[-1]["choices"][0]["finish_reason"] = "length"
         events.append({"choices": [], "usage": usage})
+        if fault == "abort":
+            events[1:] = [{"error": {"message": "EngineCore encountered an issue (injected)", "code": 500}}]
         chunks = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},
-            content=_broken(chunks[0]) if fault == "break" else _chunks(chunks),
+            content=_broken(chunks[0]) if fault == "break" else _chunks(chunks[:1] if fault == "cut" else chunks),
         )
 
     def _block_hashes(self, ids: list[int]) -> list[int]:
@@ -224,3 +235,30 @@ def fake_client(fake_server: FakeServer, client_tokenizer: Tokenizer) -> Callabl
         return SpanClient("http://fake", transport=fake_server.transport, **options)
 
     return make
+
+
+class FakeFleet:
+    """Replicas of `FakeServer` by endpoint name, behind one transport that sends each
+    request to the server its host and ``X-data-parallel-rank`` name."""
+
+    def __init__(self, model_dir: Path, tokenizer: Any, client_tokenizer: Tokenizer, names: list[str]) -> None:
+        self.servers = {name: FakeServer(model_dir, tokenizer) for name in names}
+        self._client_tokenizer = client_tokenizer
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        rank = request.headers.get(DP_RANK_HEADER)
+        name = f"http://{request.url.host}" + ("" if rank is None else f"#dp={rank}")
+        return await self.servers[name].handle(request)
+
+    def client(self, endpoints: Any = None, **options: Any) -> SpanClient:
+        options.setdefault("retry", FAST_RETRY)
+        options.setdefault("tokenizer", self._client_tokenizer)
+        return SpanClient(endpoints or list(self.servers), transport=httpx.MockTransport(self.handle), **options)
+
+
+@pytest.fixture
+def fake_fleet(
+    tiny_model_dir: Path, sdk_tokenizer: Any, client_tokenizer: Tokenizer
+) -> Callable[[list[str]], FakeFleet]:
+    """``fake_fleet(names)``: fake replicas named as `Endpoint.name` names them."""
+    return lambda names: FakeFleet(tiny_model_dir, sdk_tokenizer, client_tokenizer, names)

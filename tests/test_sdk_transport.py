@@ -152,10 +152,12 @@ async def test_an_unreachable_server_raises_a_transport_error():
         await connection(refuse).get_json("/minipic/info")
 
 
-async def test_a_stream_that_breaks_midway_is_asked_again_by_rag(fake_server, warm_client):
-    """rag hands nothing out before the end, so a broken stream (a restart) is simply re-sent."""
+@pytest.mark.parametrize("fault", ["break", "cut"])
+async def test_a_stream_that_breaks_midway_is_asked_again_by_rag(fake_server, warm_client, fault):
+    """rag hands nothing out before the end, so a broken stream (a restart) is simply re-sent;
+    one closed cleanly before ``[DONE]`` (a killed server) is broken too, not a shorter answer."""
     client = warm_client
-    fake_server.faults.extend(["break", "drop"])
+    fake_server.faults.extend([fault, "drop"])
     result = await client.rag(docs=DOCS, task="q", max_tokens=3)
     assert result.token_ids == [100, 101, 102] and result.text == "t100 t101 t102 "
     assert len(fake_server.of_kind("final")) == 1 + 3

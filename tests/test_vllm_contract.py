@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from minipic_client.placement import DP_RANK_HEADER
 from minipic_server import boundary
 from minipic_server.boundary import How
 from minipic_server.impl_args import KNOWN_ARGS
@@ -165,3 +166,31 @@ def _called_name(node: ast.AST) -> str | None:
         return None
     func = node.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def test_completions_honour_the_data_parallel_rank_header(release: tuple[str, VllmSource]) -> None:
+    """`Endpoint.ranks` pins each request to one engine of a data-parallel server by this header."""
+    _, source = release
+    base = source.module("vllm.entrypoints.generate.base.serving")
+    completions = source.module("vllm.entrypoints.openai.completion.serving")
+    assert base is not None and completions is not None
+    assert DP_RANK_HEADER in {node.value for node in ast.walk(base) if isinstance(node, ast.Constant)}
+    calls = {node.attr for node in ast.walk(completions) if isinstance(node, ast.Attribute)}
+    assert "_get_data_parallel_rank" in calls
+
+
+def test_kv_events_carry_what_the_client_reads(release: tuple[str, VllmSource]) -> None:
+    """`minipic_client.kv_events` decodes these fields, in this order for the batch."""
+    _, source = release
+    events, config = source.module("vllm.distributed.kv_events"), source.module("vllm.config.kv_events")
+    assert events is not None and config is not None
+
+    def fields(module: ast.Module, name: str) -> list[str]:
+        cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name)
+        return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+
+    assert fields(events, "EventBatch")[0] == "ts" and fields(events, "KVEventBatch") == ["events"]
+    assert fields(events, "BlockStored")[:4] == ["block_hashes", "parent_block_hash", "token_ids", "block_size"]
+    assert fields(events, "BlockRemoved")[0] == "block_hashes"
+    assert fields(events, "AllBlocksCleared") == []
+    assert {"enable_kv_cache_events", "publisher", "endpoint"} <= set(fields(config, "KVEventsConfig"))

@@ -9,6 +9,7 @@ the one line saying what to install.
 from __future__ import annotations
 
 import asyncio
+import enum
 import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -96,6 +97,10 @@ def _errors_reported() -> Iterator[None]:
 
 
 _SERVER = typer.Option(..., "--server", help="Base URL of a `minipic serve`, e.g. http://127.0.0.1:8000.")
+_SERVERS = typer.Option(
+    ..., "--server",
+    help="Base URL of a `minipic serve`, e.g. http://127.0.0.1:8000; repeat it for replicas.",
+)
 _TOKENIZER = typer.Option(None, help="Tokenizer path or name (default: the one the server loaded).")
 _MAX_TOKENS = typer.Option(64, min=1, help="Tokens to generate per answer.")
 _CACHE_SALT = typer.Option(
@@ -117,13 +122,25 @@ def _technique(layout: str | None) -> Technique | None:
     return TECHNIQUES[layout]
 
 
+class PlacementName(str, enum.Enum):
+    SPAN_AFFINITY = "span-affinity"
+    ROUND_ROBIN = "round-robin"
+
+
 @app.command()
 def batch(
     input_path: Path = typer.Argument(
         ..., metavar="INPUT.jsonl", exists=True, dir_okay=False,
         help='One sample per line: {"id", "system", "docs": [...], "task"}.',
     ),
-    server: str = _SERVER,
+    server: list[str] = _SERVERS,
+    data_parallel_size: int = typer.Option(
+        1, "--data-parallel-size", min=1,
+        help="Each --server is a `vllm serve --data-parallel-size N`: its N ranks are replicas.",
+    ),
+    placement: PlacementName = typer.Option(
+        PlacementName.SPAN_AFFINITY, help="Where samples go among replicas (round-robin: for comparison)."
+    ),
     output: Path = typer.Option(
         ..., "--output", "-o", dir_okay=False,
         help='Results, one {"id", "text", "ttft_s", "cached_tokens", "prompt_tokens", "computed_tokens", '
@@ -145,6 +162,7 @@ def batch(
 
     from minipic_client.batch import ResultFile, read_samples
     from minipic_client.client import SpanClient, check_cache_salt
+    from minipic_client.placement import Endpoint, RoundRobin, SpanAffinity
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with _errors_reported():
@@ -155,9 +173,14 @@ def batch(
             todo = results.pending(samples)
             if len(todo) < len(samples):
                 console.print(f"resuming {output}: {len(samples) - len(todo)} of {len(samples)} samples done")
+            endpoints = [
+                e for url in server
+                for e in (Endpoint.ranks(url, data_parallel_size) if data_parallel_size > 1 else [Endpoint(url)])
+            ]
             client = SpanClient(
-                server, tokenizer=tokenizer, max_in_flight=max_in_flight, cache_salt=cache_salt,
+                endpoints, tokenizer=tokenizer, max_in_flight=max_in_flight, cache_salt=cache_salt,
                 allow_stock_server=strategy is Strategy.BASELINE,
+                placement=RoundRobin() if placement is PlacementName.ROUND_ROBIN else SpanAffinity(),
             )
             summary = asyncio.run(_batch(client, todo, results, strategy, input_path, console))
     p50, p99 = summary.ttft_percentile(50), summary.ttft_percentile(99)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from contextlib import aclosing
@@ -24,6 +25,8 @@ from minipic_client.errors import (
     StreamInterruptedError,
     TransportError,
 )
+from minipic_client.kv_events import BlockLedger, SpanIndex, follow, subscribe
+from minipic_client.placement import Endpoint, Placement, Route, SpanAffinity, affinity_key, endpoints_of
 from minipic_client.prompt import (
     BlockAttention,
     ChatTemplate,
@@ -38,10 +41,11 @@ from minipic_client.prompt import (
     Text,
     check_documents,
 )
-from minipic_client.scheduler import RequestEvent, Scheduler, Strategy
+from minipic_client.replicas import Replica
+from minipic_client.scheduler import RequestEvent, Scheduler, Strategy, run
 from minipic_client.tokenizer import Tokenizer
 from minipic_client.tokens import TokenCache
-from minipic_client.transport import Connection, RetryPolicy, Usage, root_url, usage_of
+from minipic_client.transport import RetryLog, RetryPolicy, Usage, usage_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -169,16 +173,22 @@ class _Completion:
 class _Session:
     """What `connect` learns; everything that needs it is built here at once."""
 
-    info: ServerInfo
     tokenizer: Tokenizer
     builder: PromptBuilder
     chat: ChatTemplate | None
-    scheduler: Scheduler
+    max_model_len: int  # the least of the replicas'
 
 
 class SpanClient:
     """A MiniPIC server's client: lays prompts out as spans, prefills each span
     once, and sends final prompts under the server's concurrency limit.
+
+    Several replicas (a list of URLs, or `Endpoint` ranks of one data-parallel
+    server): `placement` chooses where each job's spans and final go (by default
+    `SpanAffinity`: where most of its span tokens are, a new span at its rendezvous
+    home), each replica under its own concurrency limit. A replica that fails for
+    `failover_s` sits out as long and its work moves to the others; it is tried
+    again after that. docs/scale-out.md has the details.
 
     Configuration comes from ``GET /minipic/info`` on `connect` (``async with``
     does it). The tokenizer is the server's (its ``tokenizer.json`` and chat template,
@@ -196,10 +206,10 @@ class SpanClient:
 
     Args:
         base_url: the server, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1``
-            is dropped).
+            is dropped), an `Endpoint`, or a list of them (replicas of one model).
         tokenizer: a `Tokenizer`, or a tokenizer directory or Hugging Face name,
             when the server's tokenizer path is not readable here.
-        max_in_flight: concurrent requests (default: the server's ``max_num_seqs``).
+        max_in_flight: concurrent requests per replica (default: its ``max_num_seqs``).
         retry: backoff for connection errors, 429 and 5xx.
         timeout: httpx timeout per request.
         transport: an httpx transport (``httpx.MockTransport`` in tests).
@@ -209,11 +219,16 @@ class SpanClient:
             comparisons): only ``Strategy.BASELINE`` (plain prompts) works there, and
             `tokenizer` and `max_in_flight` must be given.
         cache_salt: the default salt of every request (``None``: unsalted).
+        placement: where jobs go among several replicas.
+        failover_s: with several replicas, how long one is retried before its work
+            moves to the others (and how long it then sits out).
+        affinity_header: a header that carries each job's `affinity_key` on its
+            requests, for a router that hashes on it (docs/scale-out.md).
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Endpoint | Sequence[str | Endpoint],
         *,
         tokenizer: str | os.PathLike[str] | Tokenizer | None = None,
         max_in_flight: int | None = None,
@@ -225,21 +240,36 @@ class SpanClient:
         allow_stock_server: bool = False,
         cache_salt: str | None = None,
         technique: Technique | None = None,
+        placement: Placement = SpanAffinity(),
+        failover_s: float = 5.0,
+        affinity_header: str | None = None,
     ) -> None:
         if max_in_flight is not None and max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        if not failover_s > 0:
+            raise ConfigError(f"failover_s must be positive, got {failover_s!r}")
+        if affinity_header is not None and not re.fullmatch(r"[A-Za-z0-9-]+", str(affinity_header)):
+            raise ConfigError(
+                f"affinity_header must be a header name such as X-MiniPIC-Affinity, got {affinity_header!r}"
+            )
         check_cache_salt(cache_salt)
-        self._http = httpx.AsyncClient(
-            base_url=root_url(base_url), transport=transport or pooled_transport(), timeout=timeout
-        )
-        self._conn = Connection(self._http, retry)
+        endpoints = endpoints_of(base_url)
+        # With others to fail over to, a replica is retried only for failover_s.
+        retry_one = retry if len(endpoints) == 1 else retry.capped(failover_s)
+        self._replicas = tuple(Replica(e, transport or pooled_transport(), retry_one, timeout) for e in endpoints)
+        self._retry = retry
+        self._resend_log = RetryLog()  # streams sent again, whichever replica
+        self._placement = placement
+        self._failover_s = failover_s
+        self._affinity_header = affinity_header
+        self._span_index: SpanIndex | None = None  # with KV events: the spans to recognise in them
+        self._followers: list[asyncio.Task[None]] = []
         self._cache_salt = cache_salt
         self._tokenizer_arg = tokenizer
         self._max_in_flight = max_in_flight
         self._on_request = on_request
         self._info_check_interval_s = info_check_interval_s
         self._allow_stock_server = allow_stock_server
-        self._info_checked_at = float("-inf")
         self._modules: dict[str, str] = {}
         self._session: _Session | None = None
         self._technique = technique
@@ -257,8 +287,15 @@ class SpanClient:
         await self.aclose()
 
     async def connect(self) -> ServerInfo:
-        """Read the server's info and load the tokenizer."""
-        info = await self._fetch_info(quick=True)
+        """Read every replica's info (they must agree on the layout) and load the tokenizer."""
+        infos = await asyncio.gather(*(self._fetch_info(r, quick=True) for r in self._replicas))
+        info = infos[0]
+        for replica, other in zip(self._replicas[1:], infos[1:]):
+            if other.layout_key != info.layout_key:
+                raise ConfigError(
+                    f"{replica.name} serves {other.layout_key} but {self._replicas[0].name} serves "
+                    f"{info.layout_key}: replicas must share model, tokenizer, block size and markers"
+                )
         tokenizer = self._tokenizer_arg
         if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, tokenizer or info.tokenizer)
@@ -280,22 +317,47 @@ class SpanClient:
             pad_token_id=info.pad_token_id,
             hsep_token_id=info.hsep_token_id,
         )
-        scheduler = Scheduler(
-            self._conn,
-            model=info.model,
-            max_in_flight=self._max_in_flight or info.max_num_seqs,
-            on_request=self._on_request,
-        )
+        for replica, replica_info in zip(self._replicas, infos):
+            scheduler = Scheduler(
+                replica.conn,
+                model=replica_info.model,
+                max_in_flight=self._max_in_flight or replica_info.max_num_seqs,
+                on_request=self._on_request,
+                name=replica.name,
+            )
+            replica.attach(replica_info, scheduler)
+        self._follow_kv_events(info.block_size)
         chat = ChatTemplate(tokenizer) if tokenizer.chat_template else None
-        self._session = _Session(info, tokenizer, builder, chat, scheduler)
+        max_model_len = min(i.max_model_len for i in infos)
+        self._session = _Session(tokenizer, builder, chat, max_model_len)
         return info
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for task in self._followers:
+            task.cancel()
+        await asyncio.gather(*self._followers, return_exceptions=True)
+        for replica in self._replicas:
+            await replica.http.aclose()
+
+    def _follow_kv_events(self, block_size: int) -> None:
+        """Start following the KV events of every endpoint that publishes them."""
+        publishing = [r for r in self._replicas if r.endpoint.kv_events is not None]
+        if not publishing or self._followers:
+            return
+        self._span_index = SpanIndex(block_size)
+        for replica in publishing:
+            socket = subscribe(str(replica.endpoint.kv_events))
+            ledger = BlockLedger(self._span_index)
+            self._followers.append(asyncio.create_task(follow(socket, replica.name, ledger, replica.scheduler)))
 
     @property
     def info(self) -> ServerInfo:
-        return self._live.info
+        """The (first) server's info, as last read."""
+        return self._replicas[0].info
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return tuple(r.endpoint for r in self._replicas)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -309,7 +371,7 @@ class SpanClient:
         ``hsep_token_id``), with a warning once."""
         if self._technique is not None:
             return self._technique
-        if self._live.info.hsep_token_id is not None:
+        if self.info.hsep_token_id is not None:
             return _REFRESHED_HEADS
         if not self._warned_no_hsep:
             self._warned_no_hsep = True
@@ -323,7 +385,7 @@ class SpanClient:
     def computed_tokens(self) -> int:
         """Prompt tokens the server computed (not cached) for this client's requests so far,
         span prefills included: what a run cost, as the server reported it."""
-        return self._live.scheduler.computed_tokens
+        return sum(r.scheduler.computed_tokens for r in self._replicas)
 
     @property
     def _live(self) -> _Session:
@@ -347,12 +409,12 @@ class SpanClient:
     ) -> PromptLayout:
         """Token layout of a part-built prompt; raises `PromptTooLongError` before sending."""
         session = self._live
-        if strategy.pic and not session.info.pic:
+        if strategy.pic and not self.info.pic:
             raise ConfigError(
-                f"{self._http.base_url} is a stock vLLM server: only strategy=baseline "
+                f"{self._replicas[0].base_url} is a stock vLLM server: only strategy=baseline "
                 "(plain prompts) works there"
             )
-        max_model_len = session.info.max_model_len
+        max_model_len = session.max_model_len
         layout = session.builder.build(
             parts, pic=strategy.pic, add_special_tokens=add_special_tokens
         )
@@ -476,7 +538,10 @@ class SpanClient:
         each finishes. A sample's error does not stop the others. See
         `Scheduler.run` for `window`."""
         jobs = (self._job_or_error(request, strategy) for request in requests)
-        outcomes = self._live.scheduler.run(jobs, strategy, self._complete, window=window)
+        max_in_flight = sum(r.scheduler.max_in_flight for r in self._replicas)
+        outcomes = run(
+            jobs, strategy, self._complete, prefill=self._prefill_all, max_in_flight=max_in_flight, window=window
+        )
         async with aclosing(outcomes):
             async for outcome in outcomes:
                 yield outcome
@@ -508,7 +573,8 @@ class SpanClient:
             return await self._collect(job, started)
         except StreamInterruptedError as exc:
             logger.warning("%s: sending it again", exc)
-        return await self._conn.retry.retrying(self._conn.log, (StreamInterruptedError,))(self._collect, job, started)
+        resend = self._retry.retrying(self._resend_log, (StreamInterruptedError,))
+        return await resend(self._collect, job, started)
 
     async def _collect(self, job: _Job, started: float) -> RagResult:
         completion = _Completion()
@@ -519,75 +585,125 @@ class SpanClient:
 
     async def _answer(self, job: _Job, completion: _Completion) -> AsyncGenerator[str, None]:
         """The one request path of every call: the job's prefills, then its final
-        prompt streamed into `completion`, yielding text deltas; a cached shortfall
-        makes the client check whether the server restarted."""
-        scheduler = self._live.scheduler
-        completion.prefill_computed = await scheduler.prefill(job.prefills)
-        events = scheduler.stream(
-            job.layout.token_ids,
-            max_tokens=job.max_tokens,
-            temperature=job.temperature,
-            cache_salt=job.cache_salt,
-        )
-        async with aclosing(events):
-            async for event in events:
-                yield completion.add(event)
+        prompt streamed into `completion`, yielding text deltas, where placement
+        routes them; a cached shortfall makes the client check whether that replica
+        restarted. A replica that fails sits out and, until the first delta, the job
+        is routed again among the others."""
+        deadline = time.monotonic() + self._retry.total_s
+        headers = self._headers(job)
+        if self._span_index is not None:
+            self._span_index.watch(job.prefills)
+        while True:
+            route = await self._route(job, deadline)
+            replica = route.prefill
+            try:
+                completion.prefill_computed = await replica.scheduler.prefill(job.prefills, headers)
+                replica = route.final
+                events = replica.scheduler.stream(
+                    job.layout.token_ids,
+                    max_tokens=job.max_tokens,
+                    temperature=job.temperature,
+                    cache_salt=job.cache_salt,
+                    headers=headers,
+                )
+                async with aclosing(events):
+                    async for event in events:
+                        yield completion.add(event)
+                break
+            except (ServerError, TransportError) as exc:
+                if len(self._replicas) == 1:
+                    raise
+                replica.sit_out(exc, self._failover_s)
+                if completion.text:  # deltas went out: `_complete` sends it again, `rag_stream` cannot
+                    if isinstance(exc, StreamInterruptedError):
+                        raise
+                    raise StreamInterruptedError(f"{replica.name} failed mid-answer: {exc}") from exc
         cached = completion.usage.cached_tokens if completion.usage else None
         if cached is not None and cached < job.layout.cacheable_tokens:
             # Evicted (or lost to a restart): the next sample that needs them prefills them again.
-            self._live.scheduler.forget(job.layout.prefills)
-            await self._check_restart()
+            route.final.scheduler.forget(job.prefills)
+            await self._check_restart(route.final)
 
-    async def _check_restart(self) -> None:
-        """Forget prefilled spans if the server restarted (rate-limited)."""
+    async def _route(self, job: _Job, deadline: float) -> Route[Replica]:
+        """The placement's choice among the replicas that are up; with none up, wait
+        for the first to be tried again, until `deadline`."""
+        while True:
+            now = time.monotonic()
+            if up := [r for r in self._replicas if r.up(now)]:
+                return self._placement.route(job.prefills, up)
+            wake = min(r.down_until for r in self._replicas)
+            if wake > deadline:
+                raise TransportError(
+                    f"every replica failed ({', '.join(r.name for r in self._replicas)}) and none "
+                    "is due back within the retry policy's total_s"
+                )
+            await asyncio.sleep(wake - now)
+
+    async def _prefill_all(self, jobs: list[_Job]) -> None:
+        """BATCHED's barrier: each job's prefills, sent where its final will go."""
+        up = [r for r in self._replicas if r.up(time.monotonic())] or list(self._replicas)
+        if self._span_index is not None:
+            self._span_index.watch(p for job in jobs for p in job.prefills)
+        sent = [
+            self._placement.route(job.prefills, up).prefill.scheduler.send(job.prefills, self._headers(job))
+            for job in jobs
+        ]
+        await asyncio.gather(*sent)
+
+    def _headers(self, job: _Job) -> dict[str, str] | None:
+        """The job's affinity header, when the client sends one and the job has spans."""
+        key = None if self._affinity_header is None else affinity_key(job.prefills)
+        return None if self._affinity_header is None or key is None else {self._affinity_header: key}
+
+    async def _check_restart(self, replica: Replica) -> None:
+        """Forget the replica's prefilled spans if it restarted (rate-limited)."""
         now = time.monotonic()
-        if now - self._info_checked_at < self._info_check_interval_s:
+        if now - replica.info_checked_at < self._info_check_interval_s:
             return
-        self._info_checked_at = now
+        replica.info_checked_at = now
         try:
-            info = await self._fetch_info(quick=True)
+            info = await self._fetch_info(replica, quick=True)
         except (ServerError, TransportError) as exc:
             # The completion itself succeeded; the next shortfall checks again.
             logger.warning("could not re-read /minipic/info: %s", exc)
             return
-        session = self._live
-        old = session.info
+        old = replica.info
         if info.instance_id == old.instance_id:
             return
         if info.layout_key != old.layout_key:
             raise ConfigError(
-                f"the server restarted with a different setup ({old.layout_key} -> "
+                f"the server {replica.name} restarted with a different setup ({old.layout_key} -> "
                 f"{info.layout_key}); create a new SpanClient"
             )
-        logger.info("server restarted (instance %s): prefilling spans again", info.instance_id)
-        session.scheduler.forget()
-        session.info = info
+        logger.info("%s restarted (instance %s): prefilling spans again", replica.name, info.instance_id)
+        replica.scheduler.forget()
+        replica.info = info
 
-    async def _fetch_info(self, *, quick: bool = False) -> ServerInfo:
+    async def _fetch_info(self, replica: Replica, *, quick: bool = False) -> ServerInfo:
         try:
-            data = await self._conn.get_json("/minipic/info", quick=quick)
+            data = await replica.conn.get_json("/minipic/info", quick=quick)
         except RequestError as exc:
             if exc.status_code != 404:
                 raise
             if self._allow_stock_server:
-                return await self._stock_info()
+                return await self._stock_info(replica)
             raise ConfigError(
-                f"{self._http.base_url} is not a MiniPIC server: GET /minipic/info answered "
+                f"{replica.base_url} is not a MiniPIC server: GET /minipic/info answered "
                 f"404 ({exc.message}); start it with `minipic serve`, or send it plain prompts "
                 "(allow_stock_server=True; `minipic batch --strategy baseline`)"
             ) from None
         return ServerInfo.from_json(data)
 
-    async def _stock_info(self) -> ServerInfo:
+    async def _stock_info(self, replica: Replica) -> ServerInfo:
         if self._tokenizer_arg is None or self._max_in_flight is None:
             raise ConfigError(
-                f"{self._http.base_url} is a stock vLLM server (no /minipic/info): "
+                f"{replica.base_url} is a stock vLLM server (no /minipic/info): "
                 "pass tokenizer= and max_in_flight= to send it plain prompts"
             )
-        models = (await self._conn.get_json("/v1/models")).get("data") or []
+        models = (await replica.conn.get_json("/v1/models")).get("data") or []
         if not models:
-            raise ConfigError(f"{self._http.base_url}/v1/models lists no model")
-        logger.warning("%s is a stock vLLM server: plain prompts only", self._http.base_url)
+            raise ConfigError(f"{replica.base_url}/v1/models lists no model")
+        logger.warning("%s is a stock vLLM server: plain prompts only", replica.base_url)
         tokenizer = self._tokenizer_arg
         return ServerInfo.stock(
             model=models[0]["id"],

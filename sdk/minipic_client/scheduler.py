@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -58,7 +58,7 @@ class RequestEvent:
     """One request the client completed: what it carried and what the server reported.
 
     A prefill request carries `prompts` prompts (its `kind` is ``"span"`` when any of
-    them is a span); token counts are totals over them.
+    them is a span); token counts are totals over them. `endpoint` names the replica.
     """
 
     kind: RequestKind
@@ -66,6 +66,7 @@ class RequestEvent:
     cached_tokens: int | None
     duration_s: float
     prompts: int = 1
+    endpoint: str = ""  # the replica's `Endpoint.name`
 
 
 class _HasPrefills(Protocol):
@@ -78,7 +79,8 @@ R = TypeVar("R")
 
 
 class Scheduler:
-    """Sends a client's prefill and final requests: slots, prefill dedup, policies."""
+    """Sends one replica's prefill and final requests: slots, prefill dedup, and what
+    that replica holds (for placement)."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class Scheduler:
         model: str,
         max_in_flight: int,
         on_request: Callable[[RequestEvent], None] | None = None,
+        name: str = "",
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
@@ -98,44 +101,56 @@ class Scheduler:
         # they need could otherwise wait for each other forever.
         self._taking_many = asyncio.Lock()
         self._on_request = on_request
-        # Digests only: remembering every span ever prefilled stays small.
-        self._done: set[bytes] = set()
+        self.name = name
+        # Digests and sizes only: remembering every span ever prefilled stays small.
+        self._done: dict[bytes, int] = {}
         self._pending: dict[bytes, asyncio.Task[int | None]] = {}
+        self._done_tokens = 0
+        self._pending_tokens = 0
+        self._busy = 0
         # Prompt tokens the server reported computing (not cached) for this scheduler's requests.
         self.computed_tokens = 0
+
+    def holds(self, key: bytes) -> bool:
+        """Whether the prefill with `key` was sent here (done or under way)."""
+        return key in self._done or key in self._pending
+
+    @property
+    def load(self) -> int:
+        """Tokens of the prefills held or under way here."""
+        return self._done_tokens + self._pending_tokens
+
+    @property
+    def busy(self) -> int:
+        """Slots taken now."""
+        return self._busy
 
     def forget(self, prefills: Iterable[Prefill] | None = None) -> None:
         """Drop the record of completed prefills: all of them (the server restarted) or
         `prefills` (the server evicted some of them), so the next user sends them again."""
         if prefills is None:
             self._done.clear()
-        else:
-            self._done.difference_update(p.key for p in prefills)
+            self._done_tokens = 0
+            return
+        self.drop(p.key for p in prefills)
 
-    async def prefill(self, prefills: Iterable[Prefill]) -> int | None:
-        """Make `prefills` resident, sending only those no one sent or is sending.
+    def drop(self, keys: Iterable[bytes]) -> None:
+        """`forget` by key: the server reported those prefills' blocks evicted."""
+        for key in keys:
+            self._done_tokens -= self._done.pop(key, 0)
 
-        The ones nobody is sending go out together (one request per
-        `MAX_PROMPTS_PER_REQUEST`); a failed request is forgotten, so the next caller
-        that needs its prefills sends them again. Returns the prompt tokens the
-        server computed for the requests this call sent (None: it reports no cache hits).
-        """
-        todo = {p.key: p for p in prefills if p.key not in self._done}
-        fresh = [p for key, p in todo.items() if key not in self._pending]
-        step = min(MAX_PROMPTS_PER_REQUEST, self.max_in_flight)
-        sent = []
-        for salt in dict.fromkeys(p.cache_salt for p in fresh):  # a request carries one salt
-            salted = [p for p in fresh if p.cache_salt == salt]
-            for start in range(0, len(salted), step):
-                chunk = salted[start : start + step]
-                task = asyncio.create_task(self._send_prefills(chunk))
-                sent.append(task)
-                keys = [p.key for p in chunk]
-                self._pending.update(dict.fromkeys(keys, task))
-                task.add_done_callback(partial(self._settle, keys))
-        tasks = {id(t): t for t in (self._pending.get(key) for key in todo) if t is not None}
-        # Shielded: a caller that is cancelled must not cancel the others' prefills.
-        await asyncio.gather(*map(asyncio.shield, tasks.values()))
+    def record(self, key: bytes, size: int) -> None:
+        """Count a prefill as done: the server reported its blocks stored (by anyone)."""
+        if key not in self._done:
+            self._done[key] = size
+            self._done_tokens += size
+
+    async def prefill(self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None) -> int | None:
+        """Make `prefills` resident, sending only those no one sent or is sending
+        (`headers` go with the requests this call sends). Returns the prompt tokens the
+        server computed for the requests this call sent (None: it reports no cache hits)."""
+        sent, resident = self._start(prefills, headers)
+        await resident
         total = 0
         for task in sent:
             computed = task.result()
@@ -144,8 +159,46 @@ class Scheduler:
             total += computed
         return total
 
+    def send(self, prefills: Iterable[Prefill], headers: dict[str, str] | None = None) -> asyncio.Future[Any]:
+        """`prefill`, its requests started at once (so placement sees them as held
+        before it routes the next job); await the result to wait for them."""
+        return self._start(prefills, headers)[1]
+
+    def _start(
+        self, prefills: Iterable[Prefill], headers: dict[str, str] | None
+    ) -> tuple[list[asyncio.Task[int | None]], asyncio.Future[Any]]:
+        """The requests this call sends, and a future of every prefill it needs.
+
+        The ones nobody is sending go out together (one request per
+        `MAX_PROMPTS_PER_REQUEST`); a failed request is forgotten, so the next caller
+        that needs its prefills sends them again.
+        """
+        todo = {p.key: p for p in prefills if p.key not in self._done}
+        fresh = [p for key, p in todo.items() if key not in self._pending]
+        step = min(MAX_PROMPTS_PER_REQUEST, self.max_in_flight)
+        sent: list[asyncio.Task[int | None]] = []
+        for salt in dict.fromkeys(p.cache_salt for p in fresh):  # a request carries one salt
+            salted = [p for p in fresh if p.cache_salt == salt]
+            for start in range(0, len(salted), step):
+                chunk = salted[start : start + step]
+                task = asyncio.create_task(self._send_prefills(chunk, headers))
+                sent.append(task)
+                sizes = {p.key: len(p.token_ids) for p in chunk}
+                self._pending.update(dict.fromkeys(sizes, task))
+                self._pending_tokens += sum(sizes.values())
+                task.add_done_callback(partial(self._settle, sizes))
+        tasks = {id(t): t for t in (self._pending.get(key) for key in todo) if t is not None}
+        # Shielded: a caller that is cancelled must not cancel the others' prefills.
+        return sent, asyncio.gather(*map(asyncio.shield, tasks.values()))
+
     async def stream(
-        self, token_ids: Sequence[int], *, max_tokens: int, temperature: float, cache_salt: str | None = None
+        self,
+        token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        cache_salt: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Stream a final prompt's completion events while holding one slot."""
         body = {
@@ -160,68 +213,29 @@ class Scheduler:
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
         async with self._slots:
-            start = time.perf_counter()
-            cached = None
-            async with aclosing(self._conn.stream(COMPLETIONS, body)) as events:
-                async for event in events:
-                    usage = usage_of(event)
-                    if usage is not None:
-                        cached = usage.cached_tokens
-                    yield event
+            self._busy += 1
+            try:
+                start = time.perf_counter()
+                cached = None
+                async with aclosing(self._conn.stream(COMPLETIONS, body, headers)) as events:
+                    async for event in events:
+                        usage = usage_of(event)
+                        if usage is not None:
+                            cached = usage.cached_tokens
+                        yield event
+            finally:
+                self._busy -= 1
         self._emit("final", len(token_ids), cached, start)
 
-    async def run(
-        self,
-        jobs: Iterable[J | MiniPICError],
-        strategy: Strategy,
-        complete: Callable[[J, float], Coroutine[Any, Any, R]],
-        *,
-        window: int | None = None,
-    ) -> AsyncGenerator[tuple[int, R | MiniPICError], None]:
-        """Complete `jobs`, yielding ``(index, result or error)`` as each one finishes.
-
-        ``complete(job, started)`` awaits the job's own prefills, then its final.
-        ISPS keeps `window` jobs in progress (default ``2 * max_in_flight``, so a
-        request is ready whenever a slot frees up). BATCHED takes `window` jobs
-        at a time (default ``max_in_flight``, one server batch), prefills all of
-        their spans and waits for all of them before any final is sent. Errors
-        raised while building a job are passed in as items and yielded as they are.
-        """
-        if window is None:
-            window = self.max_in_flight if strategy.barrier else 2 * self.max_in_flight
-        numbered = enumerate(jobs)
-        running: dict[asyncio.Task[R], int] = {}
-        try:
-            while group := list(islice(numbered, window if strategy.barrier else 1)):
-                started = time.perf_counter()
-                ready = []
-                for i, job in group:
-                    if isinstance(job, MiniPICError):
-                        yield i, job
-                    else:
-                        ready.append((i, job))
-                if strategy.barrier:
-                    # Failures surface (and are retried) in each job's own prefill.
-                    prefills = [p for _, job in ready for p in job.prefills]
-                    await asyncio.gather(self.prefill(prefills), return_exceptions=True)
-                for i, job in ready:
-                    running[asyncio.create_task(complete(job, started))] = i
-                async for outcome in _drain(running, keep=0 if strategy.barrier else window - 1):
-                    yield outcome
-            async for outcome in _drain(running, keep=0):
-                yield outcome
-        finally:
-            for task in running:
-                task.cancel()
-
-    def _settle(self, keys: list[bytes], task: asyncio.Task[int | None]) -> None:
+    def _settle(self, sizes: dict[bytes, int], task: asyncio.Task[int | None]) -> None:
         succeeded = not task.cancelled() and task.exception() is None
-        for key in keys:
+        for key, size in sizes.items():
             del self._pending[key]
+            self._pending_tokens -= size
             if succeeded:
-                self._done.add(key)
+                self.record(key, size)
 
-    async def _send_prefills(self, prefills: list[Prefill]) -> int | None:
+    async def _send_prefills(self, prefills: list[Prefill], headers: dict[str, str] | None) -> int | None:
         """Send `prefills` as one request; returns the prompt tokens the server computed."""
         prompts = [list(p.token_ids) for p in prefills]
         body = {
@@ -235,10 +249,12 @@ class Scheduler:
         async with self._taking_many:
             for _ in prefills:
                 await self._slots.acquire()
+        self._busy += len(prefills)
         try:
             start = time.perf_counter()
-            response = await self._conn.post_json(COMPLETIONS, body)
+            response = await self._conn.post_json(COMPLETIONS, body, headers)
         finally:
+            self._busy -= len(prefills)
             for _ in prefills:
                 self._slots.release()
         usage = usage_of(response)
@@ -255,7 +271,53 @@ class Scheduler:
             self.computed_tokens += prompt_tokens - cached
         if self._on_request is not None:
             duration = time.perf_counter() - start
-            self._on_request(RequestEvent(kind, prompt_tokens, cached, duration, prompts))
+            self._on_request(RequestEvent(kind, prompt_tokens, cached, duration, prompts, self.name))
+
+
+async def run(
+    jobs: Iterable[J | MiniPICError],
+    strategy: Strategy,
+    complete: Callable[[J, float], Coroutine[Any, Any, R]],
+    *,
+    prefill: Callable[[list[J]], Awaitable[None]],
+    max_in_flight: int,
+    window: int | None = None,
+) -> AsyncGenerator[tuple[int, R | MiniPICError], None]:
+    """Complete `jobs`, yielding ``(index, result or error)`` as each one finishes.
+
+    ``complete(job, started)`` awaits the job's own prefills, then its final;
+    ``prefill(jobs)`` sends the prefills of several (BATCHED's barrier).
+    ISPS keeps `window` jobs in progress (default ``2 * max_in_flight``, so a
+    request is ready whenever a slot frees up). BATCHED takes `window` jobs
+    at a time (default ``max_in_flight``, one server batch), prefills all of
+    their spans and waits for all of them before any final is sent. Errors
+    raised while building a job are passed in as items and yielded as they are.
+    """
+    if window is None:
+        window = max_in_flight if strategy.barrier else 2 * max_in_flight
+    numbered = enumerate(jobs)
+    running: dict[asyncio.Task[R], int] = {}
+    try:
+        while group := list(islice(numbered, window if strategy.barrier else 1)):
+            started = time.perf_counter()
+            ready = []
+            for i, job in group:
+                if isinstance(job, MiniPICError):
+                    yield i, job
+                else:
+                    ready.append((i, job))
+            if strategy.barrier:
+                # Failures surface (and are retried) in each job's own prefill.
+                await asyncio.gather(prefill([job for _, job in ready]), return_exceptions=True)
+            for i, job in ready:
+                running[asyncio.create_task(complete(job, started))] = i
+            async for outcome in _drain(running, keep=0 if strategy.barrier else window - 1):
+                yield outcome
+        async for outcome in _drain(running, keep=0):
+            yield outcome
+    finally:
+        for task in running:
+            task.cancel()
 
 
 async def _drain(

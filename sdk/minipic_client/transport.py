@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -60,6 +60,10 @@ class RetryPolicy:
     connect_s: float = 30.0
     initial_backoff_s: float = 0.25
     max_backoff_s: float = 4.0
+
+    def capped(self, seconds: float) -> RetryPolicy:
+        """This policy, giving up after `seconds` at most."""
+        return replace(self, total_s=min(self.total_s, seconds), connect_s=min(self.connect_s, seconds))
 
     def retrying(
         self,
@@ -160,15 +164,17 @@ class Connection:
 
     async def get_json(self, path: str, *, quick: bool = False) -> Any:
         """GET `path`; `quick`: retried for `connect_s` only (the first contact, restart checks)."""
-        return await self._retried(self._send_json, "GET", path, None, quick=quick)
+        return await self._retried(self._send_json, "GET", path, None, None, quick=quick)
 
-    async def post_json(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._retried(self._send_json, "POST", path, body)
+    async def post_json(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
+        return await self._retried(self._send_json, "POST", path, body, headers)
 
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Data events of a streaming POST. Retried until the first event arrives; a
         connection lost after it raises `StreamInterruptedError`."""
-        opened: _Opened = await self._retried(self._open_stream, path, body)
+        opened: _Opened = await self._retried(self._open_stream, path, body, headers)
         response, events, first = opened
         try:
             yield first
@@ -186,17 +192,19 @@ class Connection:
         self.log.answered()
         return result
 
-    async def _send_json(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    async def _send_json(
+        self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str] | None
+    ) -> Any:
         with _httpx_errors(f"{method} {path}", self._origin):
-            response = await self._http.request(method, path, json=body)
+            response = await self._http.request(method, path, json=body, headers=headers)
         _raise_for_status(response)
         try:
             return response.json()
         except ValueError as exc:
             raise ServerError(response.status_code, f"invalid JSON from {path}: {exc}") from exc
 
-    async def _open_stream(self, path: str, body: dict[str, Any]) -> _Opened:
-        request = self._http.build_request("POST", path, json=body)
+    async def _open_stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None) -> _Opened:
+        request = self._http.build_request("POST", path, json=body, headers=headers)
         with _httpx_errors(f"POST {path}", self._origin):
             response = await self._http.send(request, stream=True)
         events = _events(response, f"POST {path}", self._origin)
@@ -205,10 +213,7 @@ class Connection:
                 with _httpx_errors(f"POST {path}", self._origin):
                     await response.aread()
                 _raise_for_status(response)
-            try:
-                first = await anext(events)
-            except StopAsyncIteration:
-                raise TransportError(f"POST {path}: stream ended before its first chunk") from None
+            first = await anext(events)
         except BaseException:
             await events.aclose()
             await response.aclose()
@@ -260,7 +265,9 @@ def _os_reason(exc: BaseException) -> str | None:
 
 async def _events(response: httpx.Response, what: str, origin: str) -> AsyncGenerator[dict[str, Any], None]:
     """vLLM's server-sent events as JSON objects, up to ``data: [DONE]``; an error
-    event is raised as the error it reports."""
+    event is raised as the error it reports, and a stream that ends without ``[DONE]``
+    (a server killed mid-answer can close it cleanly) as a `TransportError`, never as a
+    shorter answer."""
     with _httpx_errors(what, origin):
         async for sse in EventSource(response).aiter_sse():
             if sse.data == "[DONE]":
@@ -273,6 +280,7 @@ async def _events(response: httpx.Response, what: str, origin: str) -> AsyncGene
             if error is not None:
                 raise _api_error(error.get("code") or 500, _message(event))
             yield event
+    raise TransportError(f"{what}: stream ended without [DONE]")
 
 
 def _raise_for_status(response: httpx.Response) -> None:
