@@ -47,8 +47,12 @@ class FakeServer:
     before an answer), ``"break"`` (a stream that dies after its first chunk),
     ``"abort"`` (a stream whose second event is vLLM's error event, code 500), ``"cut"``
     (a stream closed cleanly after its first chunk, without ``[DONE]``).
-    While `down` is set, every request fails to connect (a stopped replica).
+    While `down` is set, every request fails to connect (a stopped replica). `gapped_hits`:
+    look past a miss as `minipic serve` does (default: vLLM's leading run, the cache most
+    scheduling tests were written against).
     """
+
+    gapped_hits = False
 
     def __init__(
         self, model_dir: Path, tokenizer: Any, *, max_num_seqs: int = 8, delay_s: float = 0.0
@@ -186,11 +190,15 @@ class FakeServer:
         return hashes
 
     def _lookup_and_insert(self, ids: list[int]) -> int:
-        """MiniPIC's lookup: every cached block, also after a miss (gapped hits), never the block
-        holding the prompt's last token."""
-        hashes = self._block_hashes(ids)[: (len(ids) - 1) // BLOCK_SIZE]
-        hits = sum(1 for h in hashes if h in self._cache)
-        self._cache.update(self._block_hashes(ids))
+        """The leading run of cached blocks (vLLM's lookup), or with `gapped_hits` every cached
+        block, also after a miss (`minipic serve`'s); never the block holding the last token."""
+        hashes = self._block_hashes(ids)
+        usable = hashes[: (len(ids) - 1) // BLOCK_SIZE]
+        if self.gapped_hits:
+            hits = sum(1 for h in usable if h in self._cache)
+        else:
+            hits = next((i for i, h in enumerate(usable) if h not in self._cache), len(usable))
+        self._cache.update(hashes)
         return hits * BLOCK_SIZE
 
 
@@ -253,6 +261,7 @@ class FakeFleet:
     def client(self, endpoints: Any = None, **options: Any) -> SpanClient:
         options.setdefault("retry", FAST_RETRY)
         options.setdefault("tokenizer", self._client_tokenizer)
+        options.setdefault("technique", BlockAttention())  # placement tests: every document one span
         return SpanClient(endpoints or list(self.servers), transport=httpx.MockTransport(self.handle), **options)
 
 

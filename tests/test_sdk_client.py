@@ -256,6 +256,7 @@ async def test_prompt_cache_modules_are_named_spans(fake_server, fake_client):
 
 
 async def test_epic_sends_heads_in_context_and_tails_as_spans(fake_server, fake_client):
+    fake_server.gapped_hits = True
     doc = " ".join(["water light house"] * 20)
     async with fake_client() as client:
         result = await client.rag(

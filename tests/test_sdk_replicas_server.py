@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from minipic_client import Endpoint, RagRequest, RagResult, RequestEvent, RoundRobin, SpanClient
+from minipic_client import BlockAttention, Endpoint, RagRequest, RagResult, RequestEvent, RoundRobin, SpanClient
 from minipic_server.launch import free_port
 
 from batch_signals import batch_command
@@ -23,6 +23,7 @@ from servers import RunningServer, ServerPool, ServerSpec, start
 
 pytestmark = pytest.mark.server
 
+BLOCKS = BlockAttention()  # placement is about spans: every document one span
 SYSTEM = "Answer from the documents."
 
 
@@ -70,7 +71,7 @@ def span_hit_rate(client: SpanClient, requests: list[RagRequest], results: list[
 
 
 async def one_server_answers(server: RunningServer, requests: list[RagRequest]) -> list[RagResult]:
-    async with SpanClient(server.url, cache_salt=uuid.uuid4().hex) as client:
+    async with SpanClient(server.url, cache_salt=uuid.uuid4().hex, technique=BLOCKS) as client:
         return await run(client, requests)
 
 
@@ -80,10 +81,10 @@ async def test_placement_hits_every_span_round_robin_does_not_and_answers_are_on
     requests = workload()
     urls = [s.url for s in replicas]
     events: list[RequestEvent] = []
-    async with SpanClient(urls, on_request=events.append, cache_salt=uuid.uuid4().hex) as client:
+    async with SpanClient(urls, on_request=events.append, cache_salt=uuid.uuid4().hex, technique=BLOCKS) as client:
         placed = await run(client, requests)
         placed_rate = span_hit_rate(client, requests, placed)
-    async with SpanClient(urls, placement=RoundRobin(), cache_salt=uuid.uuid4().hex) as client:
+    async with SpanClient(urls, placement=RoundRobin(), cache_salt=uuid.uuid4().hex, technique=BLOCKS) as client:
         spread = await run(client, requests, window=1)
         round_robin_rate = span_hit_rate(client, requests, spread)
     single = [r.token_ids for r in await one_server_answers(replicas[0], requests)]
@@ -132,7 +133,9 @@ async def test_a_replica_stopped_mid_run_and_started_again(
             four_answered.set()
 
     urls = [s.url for s in replicas]
-    async with SpanClient(urls, on_request=stop_after_some, failover_s=1.0, cache_salt=uuid.uuid4().hex) as client:
+    async with SpanClient(
+        urls, on_request=stop_after_some, failover_s=1.0, cache_salt=uuid.uuid4().hex, technique=BLOCKS
+    ) as client:
         victim_name = client.endpoints[1].name
 
         async def stopper() -> None:
@@ -171,7 +174,7 @@ async def test_an_evicted_span_is_prefilled_again_before_its_prompt_misses(repli
     ]
     events: list[RequestEvent] = []
     endpoint = Endpoint(replicas[0].url, kv_events=f"tcp://127.0.0.1:{EVENT_PORTS[0]}")
-    async with SpanClient([endpoint], on_request=events.append) as client:
+    async with SpanClient([endpoint], on_request=events.append, technique=BLOCKS) as client:
         await asyncio.sleep(0.5)  # the subscription is up before anything is stored
         await client.rag(task=first.task, docs=first.docs, system=first.system, max_tokens=2)
         await run(client, flood, window=4)
