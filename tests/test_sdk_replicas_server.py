@@ -109,7 +109,9 @@ async def test_minipic_batch_over_two_replicas(replicas: list[RunningServer], tm
         for i, r in enumerate(requests)
     ))
     servers = [arg for server in replicas for arg in ("--server", server.url)]
-    command = batch_command(str(samples), *servers, "--output", str(tmp_path / "out.jsonl"), "--max-tokens", "6")
+    command = batch_command(
+        str(samples), *servers, "--output", str(tmp_path / "out.jsonl"), "--max-tokens", "6", "--layout", "block"
+    )
     done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
