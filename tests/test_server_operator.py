@@ -10,7 +10,7 @@ import pytest
 import vllm
 from prometheus_client.parser import text_string_to_metric_families
 
-from minipic_server.markers import PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
+from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
 from pic_reference import BLOCK_SIZE, TINY, dependent, flatten, random_tokens, span, system
 from server_api import complete
@@ -33,7 +33,8 @@ def test_startup_log_block(pic_server: RunningServer) -> None:
     block = log[log.index("position-independent caching ACTIVE"):].splitlines()[:5]
     assert f"vLLM {vllm.__version__}" in block[1]
     assert block[2].endswith(
-        f"SSep {TINY.ssep} {SSEP_TOKEN!r}, PDep {TINY.pdep} {PDEP_TOKEN!r}, pad {TINY.pad} {PAD_TOKEN!r}"
+        f"SSep {TINY.ssep} {SSEP_TOKEN!r}, PDep {TINY.pdep} {PDEP_TOKEN!r}, pad {TINY.pad} {PAD_TOKEN!r}, "
+        f"HSep {TINY.hsep} {HSEP_TOKEN!r}"
     )
     assert f"block size {BLOCK_SIZE} tokens" in block[3]
     assert block[4].endswith("attention backend minipic_server.backends.cpu.PicCpuAttentionBackend")
