@@ -31,6 +31,8 @@ from minipic_client import (
 from minipic_client.batch import read_samples, run_batch
 from minipic_client.placement import DP_RANK_HEADER, weight
 
+from rag_answers import every_answer
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -55,13 +57,7 @@ def span_prefills(servers: dict[str, FakeServer]) -> Counter[tuple[int, ...]]:
 
 
 async def answers(client: SpanClient, requests: list[RagRequest], **options: Any) -> dict[int, RagResult]:
-    results: dict[int, RagResult] = {}
-    async for i, outcome in client.rag_many(requests, **options):
-        assert isinstance(outcome, RagResult), outcome
-        assert i not in results
-        results[i] = outcome
-    assert sorted(results) == list(range(len(requests)))
-    return results
+    return await every_answer(client, requests, **options)
 
 
 def hit_rate(client: SpanClient, requests: list[RagRequest], results: dict[int, RagResult]) -> float:

@@ -19,6 +19,7 @@ from minipic_client import BlockAttention, Endpoint, RagRequest, RagResult, Requ
 from minipic_server.launch import free_port
 
 from batch_signals import batch_command
+from rag_answers import every_answer
 from servers import RunningServer, ServerPool, ServerSpec, start
 
 pytestmark = pytest.mark.server
@@ -55,12 +56,7 @@ def workload(documents: int = 6, uses: int = 2) -> list[RagRequest]:
 
 
 async def run(client: SpanClient, requests: list[RagRequest], **options: Any) -> list[RagResult]:
-    results: dict[int, RagResult] = {}
-    async for i, outcome in client.rag_many(requests, **options):
-        assert isinstance(outcome, RagResult), outcome
-        assert i not in results
-        results[i] = outcome
-    assert sorted(results) == list(range(len(requests)))
+    results = await every_answer(client, requests, **options)
     return [results[i] for i in range(len(requests))]
 
 
