@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import re
@@ -53,6 +54,7 @@ from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
 from minipic_client import SpanClient  # noqa: E402
 from minipic_client.client import RagRequest, pooled_transport  # noqa: E402
+from minipic_client.prompt import TECHNIQUES  # noqa: E402
 from minipic_client.scheduler import MAX_PROMPTS_PER_REQUEST, RequestEvent, Strategy  # noqa: E402
 from minipic_server.launch import free_port, serve_argv, server_env, stop, wait_until_ready  # noqa: E402
 
@@ -136,15 +138,17 @@ def connect(url: str, server: Server, args: argparse.Namespace, events: list[Req
     return SpanClient(
         url, tokenizer=args.tokenizer, max_in_flight=None if server.pic else server.max_num_seqs,
         on_request=events.append, allow_stock_server=not server.pic,
+        technique=TECHNIQUES[args.layout] if args.layout else None,
     )  # fmt: skip
 
 
 async def table1_row(
-    url: str, server: Server, name: str, strategy: Strategy, requests: list[RagRequest], args
+    url: str, server: Server, name: str, strategy: Strategy, requests: list[RagRequest], args, repeat: int
 ) -> dict:
     events: list[RequestEvent] = []
     await reset_cache(url)
     async with connect(url, server, args, events) as client:
+        layout = type(client.default_technique).__name__ if server.pic else "plain"
         started = time.perf_counter()
         results = [r async for _, r in client.rag_many(requests, strategy=strategy)]
         elapsed = time.perf_counter() - started
@@ -154,7 +158,7 @@ async def table1_row(
     cached = sum(r.cached_tokens or 0 for r in ok)
     computed = sum(e.prompt_tokens - (e.cached_tokens or 0) for e in events)
     row = {
-        "row": name, "server": server.name, "strategy": strategy.value,
+        "row": name, "server": server.name, "strategy": strategy.value, "layout": layout, "repeat": repeat,
         "max_num_seqs": server.max_num_seqs, "max_tokens": requests[0].max_tokens,
         "samples": len(ok), "failed": len(failed), "elapsed_s": elapsed,
         "samples_per_s": len(ok) / elapsed, "final_prompt_tokens_per_s": prompt / elapsed,
@@ -350,11 +354,12 @@ async def measure_server(
             for name, strategy in ROWS[server.name]:
                 if server.pic and strategy.value not in args.strategies:
                     continue
-                for max_tokens, requests in requests_by_tokens.items():
+                for (max_tokens, requests), repeat in itertools.product(requests_by_tokens.items(),
+                                                                        range(args.repeats)):
                     profile = args.profile and server.pic and strategy is Strategy.ISPS and max_tokens == 1
                     path = args.out.parent / f"{args.out.stem}-{server.name}-pyspy.txt"
-                    with profiled(process, path, args.profile_seconds, profile):
-                        row = await table1_row(url, server, name, strategy, requests, args)
+                    with profiled(process, path, args.profile_seconds, profile and repeat == 0):
+                        row = await table1_row(url, server, name, strategy, requests, args, repeat)
                     result["table1"].append(row)
                     save()
         if server.name in ("stock", "stock-fa3", "pic-256"):
@@ -442,6 +447,10 @@ def main() -> None:
                         default=[s.value for s in Strategy],
                         help="minipic rows to run (stock rows always send plain prompts)")
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="table1: runs of each row, back to back on the same server, cache reset before each")
+    parser.add_argument("--layout", choices=list(TECHNIQUES),
+                        help="the minipic rows' layout (default: the SDK's default, RefreshedHeads)")
     parser.add_argument("--figure2-reps", type=int, default=3)
     parser.add_argument("--figure2-docs", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--long-doc-tokens", type=int, default=4096)

@@ -27,16 +27,26 @@ def served(data: dict) -> None:
 
 
 def _table1(rows: list[dict]) -> None:
-    print(_row("configuration", "max_tokens", "samples/s", "vs stock FA3", "final prompt tokens/s",
-               "computed prompt tokens/s", "requests", "cached (finals)", "of ceiling"))  # fmt: skip
-    print(_row(*["---"] * 9))
-    stock = {r["max_tokens"]: r["samples_per_s"] for r in rows if r["server"] == "stock-fa3"}
-    for r in sorted(rows, key=lambda r: (r["max_tokens"], ["stock-fa3", "stock-triton"].count(r["server"]) == 0)):
-        ratio = r["samples_per_s"] / stock[r["max_tokens"]] if r["max_tokens"] in stock else float("nan")
-        print(_row(r["row"], r["max_tokens"], f"{r['samples_per_s']:.1f}", f"**{ratio:.2f}x**",
-                   f"{r['final_prompt_tokens_per_s']:,.0f}", f"{r['computed_prompt_tokens_per_s']:,.0f}",
-                   r["requests"], f"{r['final_cached_fraction']:.1%}",
-                   f"{r['fraction_of_unique_token_ceiling']:.0%}"))  # fmt: skip
+    """One line per (configuration, max_tokens): the median of its repeats, their range beside it."""
+    print(_row("configuration", "layout", "max_tokens", "runs", "samples/s (median, range)", "vs stock FA3",
+               "final prompt tokens/s", "computed prompt tokens/s", "requests", "cached (finals)",
+               "of ceiling"))  # fmt: skip
+    print(_row(*["---"] * 11))
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["row"], r["max_tokens"]), []).append(r)
+    median = {key: statistics.median(r["samples_per_s"] for r in runs) for key, runs in groups.items()}
+    stock = {max_tokens: median[key] for key in median for max_tokens in [key[1]]
+             if groups[key][0]["server"] == "stock-fa3"}  # fmt: skip
+    for (name, max_tokens), runs in sorted(groups.items(), key=lambda g: (g[0][1], g[1][0]["server"] != "stock-fa3")):
+        ratio = median[(name, max_tokens)] / stock[max_tokens] if max_tokens in stock else float("nan")
+        mid = min(runs, key=lambda r: abs(r["samples_per_s"] - median[(name, max_tokens)]))
+        spread = [r["samples_per_s"] for r in runs]
+        print(_row(name, mid.get("layout", "-"), max_tokens, len(runs),
+                   f"{median[(name, max_tokens)]:.1f} ({min(spread):.1f}-{max(spread):.1f})", f"**{ratio:.2f}x**",
+                   f"{mid['final_prompt_tokens_per_s']:,.0f}", f"{mid['computed_prompt_tokens_per_s']:,.0f}",
+                   mid["requests"], f"{mid['final_cached_fraction']:.1%}",
+                   f"{mid['fraction_of_unique_token_ceiling']:.0%}"))  # fmt: skip
     print()
 
 
