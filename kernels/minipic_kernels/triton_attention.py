@@ -585,7 +585,7 @@ def launch(
             HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
             GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
             TILE_BLOCKS=max(1, cfg.block_n // block_size), MOVE=move,
-            PAIR_HALVES=move and work.rotary_dim == head_p,
+            PAIR_HALVES=move and work.rotary_dim == head_p and work.rotary_dim >= 32,  # tl.dot: halves >= 16
             DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
             USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
