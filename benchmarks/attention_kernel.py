@@ -36,7 +36,13 @@ import torch
 import triton
 
 from minipic_kernels.attention import paged_rope_attention, plan_step
-from minipic_kernels.block_kinds import BlockKind, hidden_per_block, requests_with_masks, window_starts_per_block
+from minipic_kernels.block_kinds import (
+    BlockKind,
+    hidden_per_block,
+    requests_with_hidden,
+    requests_with_masks,
+    window_starts_per_block,
+)
 from minipic_kernels.block_origins import key_shifts, misplaced_requests
 from minipic_kernels.reference import paged_rope_attention_reference, rotate
 from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch
@@ -118,10 +124,9 @@ class Batch:
         self.cos_sin = cos_sin_table(s, max(n for n, _ in self.reqs) + 256)
         self.scale = s.head_size**-0.5
         self.window_starts = window_starts_per_block(self.block_table, self.block_kind, bs)
-        self.windowed = requests_with_masks(
-            self.window_starts, hidden_per_block(self.block_table, self.block_kind), self.query_start_loc,
-            self.seq_lens, bs,
-        )  # fmt: skip
+        hidden = hidden_per_block(self.block_table, self.block_kind)
+        self.windowed = requests_with_masks(self.window_starts, hidden, self.query_start_loc, self.seq_lens, bs)
+        self.hidden = requests_with_hidden(hidden, self.seq_lens, bs)
         self.misplaced = misplaced_requests(self.block_table, self.block_origin, self.seq_lens, bs)
 
     def plan(self, budget: int = 1 << 30):
@@ -148,15 +153,16 @@ class Batch:
         plan = self.plan(budget)
         return lambda: paged_rope_attention(
             **self.args(), output=out, plan=plan, window_starts=self.window_starts, moved=self.misplaced,
-            paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
+            hidden=self.hidden, paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
         )  # fmt: skip
 
     def tile_launch(self) -> TileLaunch:
         """The batch as one kernel launch sees it (the cache's keys where they were computed)."""
         s = self.shape
         return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_kind,
-                          self.block_origin, self.misplaced, self.query_start_loc, self.seq_lens, self.window_starts,
-                          self.cos_sin, s.rotary_dim, s.is_neox, self.scale, max(n for n, _ in self.reqs))  # fmt: skip
+                          self.block_origin, self.misplaced, self.hidden, self.query_start_loc, self.seq_lens,
+                          self.window_starts, self.cos_sin, s.rotary_dim, s.is_neox, self.scale,
+                          max(n for n, _ in self.reqs))  # fmt: skip
 
     def reference(self) -> torch.Tensor:
         args = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in self.args().items()}

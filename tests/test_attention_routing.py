@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from minipic_kernels.attention import plan_step
-from minipic_kernels.block_kinds import BlockKind, hidden_per_block, requests_with_masks, window_starts_per_block
+from minipic_kernels.block_kinds import (
+    BlockKind,
+    hidden_per_block,
+    requests_with_hidden,
+    requests_with_masks,
+    window_starts_per_block,
+)
 from minipic_kernels.block_origins import key_shifts, misplaced_requests
 
 BS = 16
@@ -23,6 +29,16 @@ def test_only_blocks_inside_a_request_make_it_misplaced() -> None:
     origin = torch.tensor([0, 0, 1, 9], dtype=torch.int32)  # block 3 was computed elsewhere
     seq_lens = torch.tensor([2 * BS, 2 * BS + 1], dtype=torch.int32)  # only the second reaches block 3
     assert misplaced_requests(table, origin, seq_lens, BS).tolist() == [False, True]
+
+
+def test_only_hidden_blocks_inside_a_request_flag_it_for_the_hidden_mask() -> None:
+    """The decode kernel loads block kinds only for flagged requests: a hidden block past a
+    request's length (a junk table entry) does not flag it, one among its keys does."""
+    kind = torch.tensor([0, 0, BlockKind.HSEP, BlockKind.SSEP], dtype=torch.int8)
+    table = torch.tensor([[1, 3, 2], [1, 3, 2], [2, 1, 0], [3, 1, 1]], dtype=torch.int32)
+    seq_lens = torch.tensor([2 * BS, 2 * BS + 1, 1, 3 * BS], dtype=torch.int32)
+    flags = requests_with_hidden(hidden_per_block(table, kind), seq_lens, BS)
+    assert flags.dtype == torch.int8 and flags.tolist() == [0, 1, 1, 0]
 
 
 def _plan(query_lens: list[int], seq_lens: list[int], budget: int = 1 << 30):

@@ -24,7 +24,7 @@ import torch
 
 from minipic_kernels import kv_write, rotary_pages, triton_attention, warmup
 from minipic_kernels.attention import paged_rope_attention, plan_step
-from minipic_kernels.block_kinds import BlockKind
+from minipic_kernels.block_kinds import BlockKind, hidden_per_block, requests_with_hidden
 from minipic_kernels.reference import (
     paged_causal_attention_reference,
     paged_rope_attention_reference,
@@ -47,7 +47,8 @@ class Case:
     is_neox: bool = True
     dtype: torch.dtype = torch.float32
     # "plain" | "mixed" (SSep/PDep blocks) | "hidden" (HSep blocks too) | "hidden_heads" (only HSep
-    # heads); in the last two, the first two requests start with an HSep block and end with a PDep one.
+    # heads); in the last two, the first two requests start with an HSep block and end with a PDep one;
+    # "one_hidden": only the first request does, the others are plain.
     kinds: str = "mixed"
     duplicate_block: bool = False  # one physical block twice in a table
     misplaced: float = 0.5  # share of blocks read away from their origin
@@ -100,9 +101,9 @@ def build(case: Case) -> dict:
         kind[pattern == 1] = BlockKind.SSEP
         kind[pattern == 2] = BlockKind.HSEP
         kind[pattern == 3] = BlockKind.PDEP
-    if case.kinds.startswith("hidden"):
+    if case.kinds.startswith("hidden") or case.kinds == "one_hidden":
         # Hidden heads at block 0 (the corner case) that the rows after a PDep block must skip.
-        for r in range(2):
+        for r in range(1 if case.kinds == "one_hidden" else 2):
             kind[table[r, 0].long()] = BlockKind.HSEP
             kind[table[r, blocks_per_req[r] - 1].long()] = BlockKind.PDEP
         if case.kinds == "hidden_heads":  # nothing else: only the hidden mask tells a causal kernel apart
@@ -135,6 +136,8 @@ def build(case: Case) -> dict:
 
 F32, F16 = torch.float32, torch.float16
 MIXED = [(37, 37), (70, 1), (50, 20), (16, 1), (90, 3)]
+ONE_HIDDEN = [(90, 1), (70, 1), (100, 1), (50, 2)]
+MOVED_DECODE = [(100, 1), (37, 1), (64, 2)]
 DENSE = [(64, 64), (70, 1), (90, 40), (48, 48), (33, 2)]
 
 CASES = [
@@ -186,6 +189,21 @@ CASES = [
     Case("f32_hidden_heads_dense", DENSE, group=2, kinds="hidden_heads", mode="dense", seed=47),
     Case("f32_hidden_default_configs", [(150, 150), (90, 1), (70, 9)], group=2, kinds="hidden", prefill=None,
          decode=None, seed=46),
+    # Decode: one request with a hidden head among requests without (the per-request flag turns
+    # the mask on for it alone), moved and at origin, 2 and 1 KV blocks per key tile.
+    Case("f32_decode_one_hidden", ONE_HIDDEN, group=2, kinds="one_hidden", seed=50),
+    Case("f16_decode_one_hidden_bs32", ONE_HIDDEN, block_size=32, group=4, kinds="one_hidden", dtype=F16,
+         is_neox=False, seed=51),
+    # Moved decode: whole-head rotation by pair halves (neox, gptj), partial rotary and a head
+    # whose size is no power of two by the general path.
+    Case("f32_moved_decode_neox", MOVED_DECODE, group=2, kinds="plain", misplaced=1.0, seed=52),
+    Case("f32_moved_decode_gptj", MOVED_DECODE, group=2, kinds="plain", misplaced=1.0, is_neox=False, seed=53),
+    Case("f16_moved_decode_neox_d128", MOVED_DECODE, group=4, head_size=128, kinds="hidden", misplaced=0.7,
+         dtype=F16, decode=None, seed=54),
+    Case("f32_moved_decode_partial_neox", MOVED_DECODE, rotary_dim=32, kinds="plain", misplaced=1.0, seed=55),
+    Case("f32_moved_decode_partial_gptj", MOVED_DECODE, rotary_dim=32, kinds="one_hidden", misplaced=1.0,
+         is_neox=False, seed=56),
+    Case("f32_moved_decode_head80", MOVED_DECODE, head_size=80, kinds="plain", misplaced=1.0, seed=57),
 ]
 
 
@@ -323,7 +341,7 @@ def decode_over_rotated_keys_case(seed: int) -> dict:
     work = triton_attention.TileLaunch(
         query, key_cache, value_cache, block_table, torch.zeros(sum(blocks), dtype=torch.int8),
         torch.zeros(sum(blocks), dtype=torch.int32),
-        torch.zeros(len(lens), dtype=torch.int8), qsl, seq_lens,
+        torch.zeros(len(lens), dtype=torch.int8), torch.zeros(len(lens), dtype=torch.int8), qsl, seq_lens,
         torch.zeros_like(block_table), _rope_table(max(lens), d), 0, True, d**-0.5, max(lens),
     )  # fmt: skip
     out, expected = torch.full_like(query, float("nan")), torch.empty_like(query)
@@ -335,7 +353,28 @@ def decode_over_rotated_keys_case(seed: int) -> dict:
     return {"name": "decode_over_rotated_keys", "ok": max_err <= 1e-3, "max_err": max_err, "tol": 1e-3}
 
 
+def hidden_flag_gates_the_mask_case() -> dict:
+    """The per-request hidden flag is what turns the hidden-block mask on: flagged for the one
+    request with a hidden head, decode equals the reference; with every flag cleared, that
+    request's rows attend the head they must skip (a mutation the cases above would miss
+    otherwise)."""
+    case = next(c for c in CASES if c.name == "f32_decode_one_hidden")
+    inputs = build(case)
+    ref = paged_rope_attention_reference(**inputs)
+    flags = requests_with_hidden(
+        hidden_per_block(inputs["block_table"], inputs["block_kind"]), inputs["seq_lens"], case.block_size
+    )
+    errors = []
+    for hidden in (flags, torch.zeros_like(flags)):
+        out = paged_rope_attention(**inputs, hidden=hidden, decode=case.decode)
+        errors.append(float((out - ref).abs().nan_to_num(float("inf")).max()))
+    ok = flags.tolist() == [1, 0, 0, 0] and errors[0] <= 1e-3 and errors[1] > 1e-2
+    return {"name": "hidden_flag_gates_the_mask", "ok": ok, "max_err": errors[0], "tol": 1e-3,
+            "detail": f"flags={flags.tolist()} unflagged_err={errors[1]}"}  # fmt: skip
+
+
 EXTRA_CASES: dict[str, Callable[[], dict]] = {
+    "hidden_flag_gates_the_mask": hidden_flag_gates_the_mask_case,
     "decode_over_rotated_keys": lambda: decode_over_rotated_keys_case(35),
     "write_kv": lambda: write_kv_case(30),
     "write_then_attend_float32_dense": lambda: write_then_attend_case(torch.float32, 32),

@@ -33,7 +33,12 @@ from typing import Protocol
 
 import torch
 
-from minipic_kernels.block_kinds import hidden_per_block, requests_with_masks, window_starts_per_block
+from minipic_kernels.block_kinds import (
+    hidden_per_block,
+    requests_with_hidden,
+    requests_with_masks,
+    window_starts_per_block,
+)
 from minipic_kernels.block_origins import misplaced_requests
 from minipic_kernels.rotary_pages import page_table, rotate_into_pages
 from minipic_kernels.triton_attention import (
@@ -191,6 +196,7 @@ def paged_rope_attention(
     plan: StepPlan | None = None,
     window_starts: torch.Tensor | None = None,
     moved: torch.Tensor | None = None,
+    hidden: torch.Tensor | None = None,
     paged_attention: PagedAttention | None = None,
     scratch_budget_bytes: int = 1 << 30,
     prefill: AttentionConfig | None = None,
@@ -201,8 +207,9 @@ def paged_rope_attention(
 
     Shapes and semantics as `paged_rope_attention_reference`. ``plan`` comes from
     `plan_step` and, for a step with prefill, `StepPlan.routed` (both done here, with host
-    syncs, when omitted: standalone use); ``window_starts`` and ``moved``
-    (`misplaced_requests`) may be passed when the caller derived them once for the step.
+    syncs, when omitted: standalone use); ``window_starts``, ``moved``
+    (`misplaced_requests`) and ``hidden`` (`requests_with_hidden`) may be passed when the
+    caller derived them once for the step.
     ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
     """
     num_tokens, num_q_heads, head_size = query.shape
@@ -215,6 +222,8 @@ def paged_rope_attention(
         window_starts = window_starts_per_block(block_table, block_kind, block_size)
     if moved is None:
         moved = misplaced_requests(block_table, block_origin, seq_lens, block_size)
+    if hidden is None:
+        hidden = requests_with_hidden(hidden_per_block(block_table, block_kind), seq_lens, block_size)
     if plan is None:
         qsl = query_start_loc.tolist()
         lengths = seq_lens.tolist()
@@ -236,8 +245,8 @@ def paged_rope_attention(
             seq_lens,
         )
     work = TileLaunch(
-        query, key_cache, value_cache, block_table, block_kind, block_origin, moved, query_start_loc, seq_lens,
-        window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale), plan.max_seq_len,
+        query, key_cache, value_cache, block_table, block_kind, block_origin, moved, hidden, query_start_loc,
+        seq_lens, window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale), plan.max_seq_len,
     )  # fmt: skip
     if plan.has_prefill:
         _prefill(work, output, plan, prefill or prefill_config(head_size), paged_attention, num_tokens)

@@ -13,7 +13,7 @@ does not name.
 The block hasher, the metrics and the test fixtures apply the rule block by block
 (`window_starts_of_prompt`, `hidden_of_prompt` for a whole prompt); the per-step
 recorder and the attention kernels apply it in tensor form (`block_kinds_of_tokens`,
-`window_starts_per_block`, `hidden_per_block`), tested equal to the scalar form.
+`window_starts_per_block`, `hidden_per_block`, `requests_with_hidden`), tested equal to the scalar form.
 `visible` is the one visibility predicate, for ints and tensors alike.
 """
 
@@ -158,6 +158,15 @@ def window_starts_per_block(
 def hidden_per_block(block_table: torch.Tensor, block_kind: torch.Tensor) -> torch.Tensor:
     """``(num_reqs, max_blocks)`` bool: is each logical block a hidden (HSep) block?"""
     return block_kind[block_table.long()] == BlockKind.HSEP
+
+
+def requests_with_hidden(hidden: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``(num_reqs,)`` int8, 1 where a hidden block (``hidden``: `hidden_per_block`) lies among
+    the request's keys: the kernels' per-request flag, made once per step (graph-safe), that
+    turns the hidden-block mask on (a request without one loads no block kinds)."""
+    cols = torch.arange(hidden.shape[1], device=hidden.device)
+    in_range = cols[None, :] * block_size < seq_lens[:, None]
+    return (hidden & in_range).any(dim=1).to(torch.int8)
 
 
 def requests_with_masks(

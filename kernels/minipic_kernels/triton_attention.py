@@ -7,7 +7,10 @@ reading a cached span elsewhere is taken by a second compiled variant (``MOVE``)
 rotates each key tile in registers by its blocks' shifts, from ``cos_sin`` (a pure
 rotation, one table row per block). `launch` launches both variants, each skipping the
 other's requests: compiled into one kernel, the moved loop slowed the plain one by 25-30%
-(docs/benchmarks.md, section 2).
+(docs/benchmarks.md, section 2). Where the whole head rotates (Llama, Qwen: fixed per
+model, ``PAIR_HALVES``) the moved loop loads each key tile as its two rotary-pair halves
+and scores them half by half, so each key lane is read once; with partial rotary it
+gathers each lane's rotary partner a second time.
 
 One kernel body, two launch shapes (the `launch` function picks one):
 
@@ -24,8 +27,11 @@ loaded once per kv head. The key range of a tile runs from the lowest window sta
 rows to its last query position: tiles wholly outside every row's window are never
 visited, which keeps Block-Attention prefill linear in the number of spans. Keys of hidden
 (HSep) blocks are masked like keys outside the window, in the same inner loop, from the
-kind record of each key's physical block (`block_kinds.visible`), so hiding adds no
-compiled variant: decode and tiles honour it alike.
+kind record of each KV block of the tile (`block_kinds.visible`), so hiding adds no
+compiled variant: decode and tiles honour it alike. Only requests flagged as having a
+hidden block among their keys (`block_kinds.requests_with_hidden`, made once per step)
+load those records, behind a branch uniform over the program: paid by every request, that
+dependent load slowed decode by 8-13% of FA3's time (docs/benchmarks.md, "Since these figures").
 
 ``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
 place, which only the benchmarks' no-rotation baseline and its interpreter test use.
@@ -101,59 +107,150 @@ def _rotary_lanes(HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.cons
 
 
 @triton.jit
+def _pair_lanes(ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """The two lanes of each of the ``ROT_HALF`` rotary pairs: neox ``(i, i + half)``, gptj ``(2i, 2i + 1)``."""
+    i = tl.arange(0, ROT_HALF)
+    if IS_NEOX:
+        first, second = i, i + ROT_HALF
+    else:
+        first, second = 2 * i, 2 * i + 1
+    return first, second
+
+
+@triton.jit
+def _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                 TILE_ROWS: tl.constexpr):
+    """The KV blocks of the key tile from ``n0`` (``TILE_BLOCKS`` x ``TILE_ROWS`` keys): logical
+    index, physical id and whether the block holds keys of the request."""
+    first = n0 + tl.arange(0, TILE_BLOCKS) * TILE_ROWS
+    ok = first < seq_len
+    logical = first // KV_BLOCK_SIZE
+    return logical, tl.load(bt_row_ptr + logical * stride_btb, mask=ok, other=0), ok
+
+
+@triton.jit
+def _per_key(x, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """A per-block ``[TILE_BLOCKS, WIDTH]`` tensor repeated for each key of its block: ``[BLOCK_N, WIDTH]``."""
+    return tl.reshape(tl.broadcast_to(x[:, None, :], [TILE_BLOCKS, TILE_ROWS, WIDTH]), [TILE_BLOCKS * TILE_ROWS, WIDTH])
+
+
+@triton.jit
+def _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr, stride_cs, column, col_ok,
+                ROT_HALF: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                TILE_ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """cos and sin of each key's shift (its block's distance from its origin, 0 at origin) at
+    the table columns ``column`` (``WIDTH`` of them; masked columns: cos 1, sin 0),
+    ``[BLOCK_N, WIDTH]`` fp32: one table row per block of the tile, broadcast to its keys. The
+    table holds positive shifts; a negative one negates the sine."""
+    logical, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
+    shift = tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
+    table = cos_sin_ptr + tl.abs(shift)[:, None] * stride_cs + column[None, :]
+    cos = tl.load(table, mask=col_ok[None, :], other=1.0)
+    sin = tl.load(table + ROT_HALF, mask=col_ok[None, :], other=0.0) * tl.where(shift < 0, -1.0, 1.0)[:, None]
+    return _per_key(cos, TILE_BLOCKS, TILE_ROWS, WIDTH), _per_key(sin, TILE_BLOCKS, TILE_ROWS, WIDTH)
+
+
+@triton.jit
 def _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr,
                 stride_cs, column, partner, sign, rotates, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
                 KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr,
                 TILE_ROWS: tl.constexpr):
-    """A key tile's rows rotated by their block's shift (0 for blocks at their origin): one
-    table row per block of the tile (``TILE_BLOCKS`` x ``TILE_ROWS`` = ``BLOCK_N``),
-    broadcast to its rows; fp32 math, ``k``'s dtype out."""
-    first = n0 + tl.arange(0, TILE_BLOCKS) * TILE_ROWS
-    ok = first < seq_len
-    logical = first // KV_BLOCK_SIZE
-    phys = tl.load(bt_row_ptr + logical * stride_btb, mask=ok, other=0)
-    shift = tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
-    table = cos_sin_ptr + tl.abs(shift)[:, None] * stride_cs + column[None, :]
-    cos = tl.load(table, mask=rotates[None, :], other=1.0)
-    sin = tl.load(table + ROT_HALF, mask=rotates[None, :], other=0.0)
-    sin = sin * (tl.where(shift < 0, -1.0, 1.0)[:, None] * sign[None, :])
-    cos = tl.reshape(tl.broadcast_to(cos[:, None, :], [TILE_BLOCKS, TILE_ROWS, HEAD_P]), [BLOCK_N, HEAD_P])
-    sin = tl.reshape(tl.broadcast_to(sin[:, None, :], [TILE_BLOCKS, TILE_ROWS, HEAD_P]), [BLOCK_N, HEAD_P])
+    """A key tile's rows (``k``, loaded from ``k_rows``) rotated by their block's shift, any
+    rotary layout (`_rotary_lanes`): each lane's partner is gathered a second time. fp32
+    math, ``k``'s dtype out."""
+    cos, sin = _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr, stride_cs, column,
+                           rotates, ROT_HALF, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS, HEAD_P)  # fmt: skip
     other = tl.load(k_rows[:, None] + partner[None, :] * stride_kd, mask=key_ok[:, None] & rotates[None, :], other=0.0)
-    return (k.to(tl.float32) * cos + other.to(tl.float32) * sin).to(k.dtype)
+    return (k.to(tl.float32) * cos + other.to(tl.float32) * (sin * sign[None, :])).to(k.dtype)
 
 
 @triton.jit
-def _attend_keys(acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
-                 bt_row_ptr, stride_btb, block_kind_ptr, block_origin_ptr, k_head_ptr, v_head_ptr, stride_kb, stride_ks,
-                 stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
+def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb,
+                 block_origin_ptr, cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr,
+                 ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
+                 KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """Scores ``q . k`` of one key tile (fp32), with ``MOVE`` each key rotated by its block's
+    shift first (fp32 math, the cache's dtype into the dot).
+
+    ``PAIR_HALVES`` (``MOVE`` where the whole head rotates: Llama, Qwen): the tile is loaded
+    as its two pair halves (`_pair_lanes`), each lane once, rotated pair by pair, and scored
+    half by half against the query's halves ``q_first``/``q_second`` (the sum of the two dots
+    is the dot over the head). Otherwise (partial rotary) a moved tile gathers each lane's
+    partner a second time: lanes past ``rotary_dim`` do not rotate, so the head has no two
+    halves.
+    """
+    if PAIR_HALVES:
+        first, second = _pair_lanes(ROT_HALF, IS_NEOX)
+        every = first < HEAD_P
+        cos, sin = _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr, stride_cs,
+                               tl.arange(0, ROT_HALF), every, ROT_HALF, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS,
+                               ROT_HALF)  # fmt: skip
+        a = _load_rows(k_rows, first, stride_kd, key_ok, every)
+        b = _load_rows(k_rows, second, stride_kd, key_ok, every)
+        a32, b32 = a.to(tl.float32), b.to(tl.float32)
+        k_first = (a32 * cos - b32 * sin).to(a.dtype)
+        k_second = (b32 * cos + a32 * sin).to(a.dtype)
+        qk = tl.dot(q_first, tl.trans(k_first), input_precision=DOT_PRECISION)
+        qk = tl.dot(q_second, tl.trans(k_second), qk, input_precision=DOT_PRECISION)
+    else:
+        offs_d = tl.arange(0, HEAD_P)
+        k = _load_rows(k_rows, offs_d, stride_kd, key_ok, offs_d < HEAD)
+        if MOVE:
+            column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
+            k = _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr,
+                            cos_sin_ptr, stride_cs, column, partner, sign, rotates, HEAD_P, ROT_HALF,
+                            KV_BLOCK_SIZE, TILE_BLOCKS * TILE_ROWS, TILE_BLOCKS, TILE_ROWS)  # fmt: skip
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    return qk
+
+
+@triton.jit
+def _shown_keys(n0, offs_n, seq_len, win_start, bt_row_ptr, stride_btb, block_kind_ptr, KV_BLOCK_SIZE: tl.constexpr,
+                TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """``[rows, BLOCK_N]``: whether hiding lets each row see each key of the tile
+    (`block_kinds.visible`): a hidden block's keys only by the rows of the span it opens.
+    One kind load per KV block of the tile, broadcast to its keys."""
+    _, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
+    kinds = tl.load(block_kind_ptr + phys, mask=ok, other=0)
+    kinds = tl.reshape(_per_key(kinds[:, None], TILE_BLOCKS, TILE_ROWS, 1), [TILE_BLOCKS * TILE_ROWS])
+    own_head = (offs_n - offs_n % KV_BLOCK_SIZE)[None, :] == win_start[:, None]
+    return (kinds != _HIDDEN_KIND)[None, :] | own_head
+
+
+@triton.jit
+def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
+                 has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, block_origin_ptr, k_head_ptr, v_head_ptr,
+                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
                  HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr,
-                 MOVE: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                  TILE_BLOCKS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``, each row
     masked by `block_kinds.visible` (causal, its window, hidden blocks other than its own
     span's head); with ``MOVE`` (a request reading some block away from its origin) each
-    key tile is first rotated by its blocks' shifts."""
+    key tile is first rotated by its blocks' shifts (`_tile_scores`).
+
+    The hidden mask costs a block-kind load per KV block of each tile, after the block-table
+    load it depends on; ``has_hidden`` (the request's flag, `block_kinds.requests_with_hidden`)
+    skips it, a branch uniform over the program, for the requests (nearly all) without a
+    hidden block among their keys.
+    """
     offs_j = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_P)
     d_ok = offs_d < HEAD
-    column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
     for n0 in range(key_lo, key_hi, BLOCK_N):
         offs_n = n0 + offs_j
         key_ok = offs_n < seq_len
         phys = tl.load(bt_row_ptr + (offs_n // KV_BLOCK_SIZE) * stride_btb, mask=key_ok, other=0)
         k_rows = k_head_ptr + phys.to(tl.int64) * stride_kb + (offs_n % KV_BLOCK_SIZE) * stride_ks
         v_rows = v_head_ptr + phys.to(tl.int64) * stride_vb + (offs_n % KV_BLOCK_SIZE) * stride_vs
-        k = _load_rows(k_rows, offs_d, stride_kd, key_ok, d_ok)
-        if MOVE:
-            k = _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr,
-                            cos_sin_ptr, stride_cs, column, partner, sign, rotates, HEAD_P, ROT_HALF,
-                            KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS)  # fmt: skip
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        shown = tl.load(block_kind_ptr + phys, mask=key_ok, other=0) != _HIDDEN_KIND
-        own_head = (offs_n - offs_n % KV_BLOCK_SIZE)[None, :] == win_start[:, None]
+        qk = _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb,
+                          block_origin_ptr, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE,
+                          PAIR_HALVES, KV_BLOCK_SIZE, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, DOT_PRECISION)  # fmt: skip
         allowed = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None])
-        allowed = allowed & (shown[None, :] | own_head)
+        if has_hidden:
+            allowed = allowed & _shown_keys(n0, offs_n, seq_len, win_start, bt_row_ptr, stride_btb, block_kind_ptr,
+                                            KV_BLOCK_SIZE, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS)  # fmt: skip
         qk = tl.where(allowed, qk, float("-inf"))
         # Base-2 online softmax; the scale is folded into one multiply per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -184,7 +281,8 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr"])
 def _attention_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, query_start_loc_ptr,
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, req_hidden_ptr,
+    query_start_loc_ptr,
     seq_lens_ptr, window_starts_ptr, req_flags_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr,
     qk_scale, num_reqs, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
@@ -202,6 +300,7 @@ def _attention_kernel(
     BLOCK_N: tl.constexpr,  # keys per tile
     TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
     MOVE: tl.constexpr,  # this launch takes the requests reading a block away from its origin
+    PAIR_HALVES: tl.constexpr,  # MOVE with the whole head rotating: keys by pair halves (`_tile_scores`)
     DECODE: tl.constexpr,  # decode launch: program x = request with q_len <= BLOCK_Q
     SKIP_QLEN_LE: tl.constexpr,  # tile launch: requests with q_len <= this belong to decode
     USE_FLAGS: tl.constexpr,  # tile launch: only requests whose flag is set
@@ -252,15 +351,22 @@ def _attention_kernel(
 
     q_rows = q_ptr + (q_begin + row_tok).to(tl.int64) * stride_qt + (kv_head * GROUP + row_head) * stride_qh
     q = _load_rows(q_rows, offs_d, stride_qd, row_ok, offs_d < HEAD)
+    if PAIR_HALVES:  # the query's pair halves, as `_tile_scores` scores moved keys
+        first, second = _pair_lanes(ROT_HALF, IS_NEOX)
+        q_first = _load_rows(q_rows, first, stride_qd, row_ok, first < HEAD_P)
+        q_second = _load_rows(q_rows, second, stride_qd, row_ok, second < HEAD_P)
+    else:
+        q_first, q_second = q, q  # unused
+    has_hidden = tl.load(req_hidden_ptr + req) != 0  # once per program: see `_attend_keys`
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
+        acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, has_hidden,
         block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_kind_ptr, block_origin_ptr,
         k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-        stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS,
-        DOT_PRECISION,
+        stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N,
+        TILE_BLOCKS, DOT_PRECISION,
     )  # fmt: skip
 
     if USE_SPLITS:
@@ -411,6 +517,7 @@ class TileLaunch:
     block_kind: torch.Tensor  # per physical block: `BlockKind` (hidden blocks are masked)
     block_origin: torch.Tensor
     moved: torch.Tensor  # per request: reads a block away from its origin (`block_origins.misplaced_requests`)
+    hidden: torch.Tensor  # per request: a hidden block among its keys (`block_kinds.requests_with_hidden`)
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     window_starts: torch.Tensor
@@ -470,13 +577,15 @@ def launch(
     for move in (False, True) if work.rotary_dim else (False,):
         _attention_kernel[(num_tiles, num_kv_heads, splits)](
             out, query, key_cache, work.value_cache, work.block_table, work.block_kind, work.block_origin, work.moved,
-            work.query_start_loc, work.seq_lens, work.window_starts, flags, work.cos_sin, part_acc, part_ml,
+            work.hidden, work.query_start_loc, work.seq_lens, work.window_starts, flags, work.cos_sin, part_acc,
+            part_ml,
             work.scale * _LOG2E, num_reqs, splits,
             *query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
             *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0),
             HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
             GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
             TILE_BLOCKS=max(1, cfg.block_n // block_size), MOVE=move,
+            PAIR_HALVES=move and work.rotary_dim == head_p and work.rotary_dim >= 32,  # tl.dot: halves >= 16
             DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
             USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,

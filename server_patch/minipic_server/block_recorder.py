@@ -6,7 +6,8 @@ layer runs in a step, the recorder (wrapped around the loaded model's forward, s
 whose first slot this step writes: its `BlockKind`, from the token written there
 (`minipic_kernels.block_kinds.block_kinds_of_tokens`), and its origin, the logical block
 at which its keys are computed (`minipic_kernels.block_origins`). It hands every layer's
-metadata both records and the window start of each logical block, and routes the CUDA
+metadata both records, the window start of each logical block and two per-request flags
+(reads a block away from its origin; has a hidden block among its keys), and routes the CUDA
 step plan (which requests have masks: windows or hidden blocks to skip; which read a
 block away from its origin).
 
@@ -32,6 +33,7 @@ from vllm.model_executor.layers.attention.attention import get_attention_context
 from minipic_kernels.block_kinds import (
     block_kinds_of_tokens,
     hidden_per_block,
+    requests_with_hidden,
     requests_with_masks,
     window_starts_per_block,
 )
@@ -93,11 +95,13 @@ class BlockRecorder:
         self._write(kinds, origins, input_ids, positions, slot_mapping, metadata.block_size)
         windows = window_starts_per_block(metadata.block_table, kinds, metadata.block_size)
         moved = misplaced_requests(metadata.block_table, origins, metadata.seq_lens, metadata.block_size)
+        hidden_blocks = hidden_per_block(metadata.block_table, kinds)
+        hidden = requests_with_hidden(hidden_blocks, metadata.seq_lens, metadata.block_size)
         for md in _distinct_metadata(get_forward_context().attn_metadata):
-            md.block_kind, md.block_origin, md.window_starts, md.moved = kinds, origins, windows, moved
+            md.block_kind, md.block_origin, md.window_starts = kinds, origins, windows
+            md.moved, md.hidden = moved, hidden
             if md.plan is not None and md.plan.has_prefill:
-                hidden = hidden_per_block(md.block_table, kinds)
-                masked = requests_with_masks(windows, hidden, md.query_start_loc, md.seq_lens, md.block_size)
+                masked = requests_with_masks(windows, hidden_blocks, md.query_start_loc, md.seq_lens, md.block_size)
                 md.plan = md.plan.routed(masked, moved, md.seq_lens)
 
     def _write(

@@ -41,6 +41,7 @@ class PicAttentionMetadata:
     block_origin: torch.Tensor | None = None
     window_starts: torch.Tensor | None = None
     moved: torch.Tensor | None = None  # int8 per request: reads a block away from its origin
+    hidden: torch.Tensor | None = None  # int8 per request: a hidden block among its keys
 
     def recorded_blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This step's block-kind and origin records and window starts; an attention step
