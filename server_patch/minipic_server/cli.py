@@ -37,8 +37,8 @@ def serve(
     import vllm
     from vllm.platforms import current_platform
 
+    from minipic_protocol import MarkerIds
     from minipic_server.boundary import UnsupportedVLLMError, table_version
-    from minipic_server.markers import MarkerIds
     from minipic_server.serve import serve_main
 
     try:

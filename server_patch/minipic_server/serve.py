@@ -16,10 +16,11 @@ from dataclasses import replace
 from importlib.metadata import entry_points
 from typing import Any
 
+from minipic_protocol import MarkerIds
 from minipic_server import lifetime
 from minipic_server.config import CONFIG_KEY, MiniPICConfigError, PicConfig
 from minipic_server.info_endpoint import ENDPOINT_PLUGIN_NAME
-from minipic_server.markers import MarkerIds, MarkerRule, load_tokenizer
+from minipic_server.markers import MarkerRule, load_tokenizer
 
 # What PIC needs from vLLM; the plugin's guards refuse a user's flag that turns one off.
 _PIC_DEFAULTS = {"enable_prefix_caching": True, "enable_prompt_tokens_details": True}

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from minipic_protocol import MARKER_ROLES
 from minipic_server.config import PicConfig, pic_config_of
 
 logger = logging.getLogger("vllm.minipic")
@@ -31,9 +32,6 @@ def wrap_create_engine_config(original: Callable[..., Any]) -> Callable[..., Any
     return create_engine_config
 
 
-_ROLES = ("SSep", "PDep", "pad", "HSep")  # in `PicConfig.markers` order
-
-
 def startup_block(vllm_config: Any, pic: PicConfig) -> str:
     """What an operator needs to see once: PIC is on, with which markers, blocks and attention."""
     import vllm
@@ -45,7 +43,7 @@ def startup_block(vllm_config: Any, pic: PicConfig) -> str:
     names = _marker_strings(model_config, pic)
     markers = ", ".join(
         f"{role} {token_id} {name!r}"
-        for role, token_id, name in zip(_ROLES, pic.marker_ids, names)
+        for role, token_id, name in zip(MARKER_ROLES.values(), pic.marker_ids, names)
     )
     return "\n".join((
         f"MiniPIC {__version__}: position-independent caching ACTIVE",
