@@ -26,16 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.kv_cache_utils import (
+from minipic_protocol.blocks import BlockKind, block_kind_of, in_span, opens_span
+from minipic_server.boundary import (
+    CHAIN_STATE,
     BlockHash,
+    Request,
     generate_block_hash_extra_keys,
     hash_block_tokens,
+    kv_cache_utils,
+    patch_instance,
 )
-from vllm.v1.request import Request
-
-from minipic_protocol.blocks import BlockKind, block_kind_of, in_span, opens_span
-from minipic_server.boundary import CHAIN_STATE, patch_instance
 from minipic_server.config import MiniPICConfigError, PicConfig
 
 

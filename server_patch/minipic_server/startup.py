@@ -34,10 +34,9 @@ def wrap_create_engine_config(original: Callable[..., Any]) -> Callable[..., Any
 
 def startup_block(vllm_config: Any, pic: PicConfig) -> str:
     """What an operator needs to see once: PIC is on, with which markers, blocks and attention."""
-    import vllm
-
     from minipic_server import __version__
     from minipic_server.backend_selection import backend_for_platform
+    from minipic_server.boundary import vllm_version
 
     model_config = vllm_config.model_config
     names = _marker_strings(model_config, pic)
@@ -47,7 +46,7 @@ def startup_block(vllm_config: Any, pic: PicConfig) -> str:
     )
     return "\n".join((
         f"MiniPIC {__version__}: position-independent caching ACTIVE",
-        f"  vLLM {vllm.__version__}, model {model_config.model}",
+        f"  vLLM {vllm_version()}, model {model_config.model}",
         f"  markers: {markers}",
         f"  block size {vllm_config.cache_config.block_size} tokens (spans are padded to it)",
         f"  attention backend {backend_for_platform()}",
