@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from minipic_kernels.block_kinds import hidden_of_prompt, visible, window_starts_of_prompt
+from minipic_kernels.block_kinds import visible
+from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
 
 BLOCK_SIZE = 16
 

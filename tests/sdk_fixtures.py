@@ -23,7 +23,7 @@ import pytest
 
 from minipic_client import BlockAttention, RetryPolicy, SpanClient, Tokenizer
 from minipic_client.placement import DP_RANK_HEADER
-from minipic_kernels.block_kinds import block_kind_of, in_span, opens_span
+from minipic_protocol import ServerInfo, block_kind_of, kinds_of_prompt, opens_span, span_openers
 from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
 
 BLOCK_SIZE = 16
@@ -60,20 +60,20 @@ class FakeServer:
         vocab = tokenizer.get_vocab()
         self.ssep, self.pdep, self.pad = vocab[SSEP_TOKEN], vocab[PDEP_TOKEN], vocab[PAD_TOKEN]
         self.hsep = vocab[HSEP_TOKEN]
-        self.info: dict[str, Any] = {
-            "block_size": BLOCK_SIZE,
-            "ssep_token_id": self.ssep,
-            "pdep_token_id": self.pdep,
-            "pad_token_id": self.pad,
-            "hsep_token_id": self.hsep,
-            "max_num_seqs": max_num_seqs,
-            "max_model_len": 2048,
-            "model": "tiny",
-            "tokenizer": str(model_dir),
-            "vllm_version": "fake",
-            "minipic_version": "fake",
-            "instance_id": uuid.uuid4().hex,
-        }
+        self.info: dict[str, Any] = ServerInfo(
+            block_size=BLOCK_SIZE,
+            ssep_token_id=self.ssep,
+            pdep_token_id=self.pdep,
+            pad_token_id=self.pad,
+            hsep_token_id=self.hsep,
+            max_num_seqs=max_num_seqs,
+            max_model_len=2048,
+            model="tiny",
+            tokenizer=str(model_dir),
+            vllm_version="fake",
+            minipic_version="fake",
+            instance_id=uuid.uuid4().hex,
+        ).to_json()
         self.delay_s = delay_s
         self.down = False
         self.headers: list[httpx.Headers] = []  # of every request
@@ -126,7 +126,7 @@ class FakeServer:
             if body.get("stream"):
                 kind = "final"
             elif body.get("max_tokens") == 1:
-                kind = "span" if prompt[0] in (self.ssep, self.hsep) else "prefix"
+                kind = "span" if opens_span(block_kind_of(prompt[0], self.ssep, self.pdep, self.hsep)) else "prefix"
             else:
                 kind = "other"
             records.append(Recorded(kind, list(prompt), body, next(self._clock)))
@@ -176,14 +176,14 @@ class FakeServer:
         """MiniPIC's rule: an SSep or HSep block hashes alone, the rest of its span chains on it, any
         other block hashes over everything before it."""
         hashes: list[int] = []
-        spanning = False
-        for start in range(0, len(ids) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        full = ids[: len(ids) // BLOCK_SIZE * BLOCK_SIZE]
+        openers = span_openers(kinds_of_prompt(full, BLOCK_SIZE, self.ssep, self.pdep, self.hsep))
+        for index, opener in enumerate(openers):
+            start = index * BLOCK_SIZE
             block = tuple(ids[start : start + BLOCK_SIZE])
-            kind = block_kind_of(block[0], self.ssep, self.pdep, self.hsep)
-            spanning = in_span(kind, spanning)
-            if opens_span(kind):
+            if opener == index:
                 hashes.append(hash(("span", block)))
-            elif spanning:
+            elif opener is not None:
                 hashes.append(hash((hashes[-1], block)))
             else:
                 hashes.append(hash(("prefix", tuple(ids[: start + BLOCK_SIZE]))))

@@ -1,4 +1,5 @@
-"""The marker rule: its tensor form equals its scalar form, hidden heads, and what the metrics count with it."""
+"""The block rule: its tensor form (`minipic_kernels.block_kinds`) equals its scalar form
+(`minipic_protocol.blocks`), hidden heads, and what the metrics count with it."""
 
 from __future__ import annotations
 
@@ -7,17 +8,14 @@ import random
 import pytest
 import torch
 
+from minipic_kernels import block_kinds
 from minipic_kernels.block_kinds import (
-    OUTSIDE_SPANS,
-    block_kind_of,
     block_kinds_of_tokens,
-    hidden_of_prompt,
     hidden_per_block,
     requests_with_masks,
-    visible,
-    window_starts_of_prompt,
     window_starts_per_block,
 )
+from minipic_protocol.blocks import OUTSIDE_SPANS, block_kind_of, hidden_of_prompt, visible, window_starts_of_prompt
 from minipic_server.config import PicConfig
 from minipic_server.metrics import PromptAccount, account
 
@@ -81,7 +79,7 @@ def test_tensor_visibility_equals_scalar_visibility() -> None:
         starts = torch.tensor(window_starts_of_prompt(prompt, B, *MARKERS))
         hidden = torch.tensor(hidden_of_prompt(prompt, B, *MARKERS))
         pos = torch.arange(len(prompt))
-        dense = visible(pos[:, None], starts[:, None], pos[None, :], hidden[None, :], B)
+        dense = block_kinds.visible(pos[:, None], starts[:, None], pos[None, :], hidden[None, :], B)
         assert dense.tolist() == scalar_mask(prompt)
 
 

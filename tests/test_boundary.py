@@ -1,18 +1,31 @@
-"""The boundary's run-time side: the vLLM version check, run-time patches, attention-impl arguments."""
+"""The boundary's run-time side: the vLLM version check, run-time patches, attention-impl arguments,
+the start-up checks (KV-cache layout, FA3 op schema), and that no other module imports vLLM."""
 
 from __future__ import annotations
 
+import ast
 import logging
+from pathlib import Path
 
 import pytest
+import torch
 import vllm
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from minipic_server import boundary, plugin
-from minipic_server.backends.cuda import PicTritonAttentionImpl
-from minipic_server.boundary import ALLOW_UNSUPPORTED_ENV, UnsupportedVLLMError, table_version
+from minipic_server.backends.common import split_kv_cache
+from minipic_server.backends.cuda import PicTritonAttentionImpl, _fa3_paged_attention
+from minipic_server.boundary import ALLOW_UNSUPPORTED_ENV, UnsupportedVLLMError, table_version, v0_26
+from minipic_server.boundary.checks import (
+    assumed_kv_cache_shape,
+    check_kv_cache_shape,
+    check_op_arguments,
+    schema_argument_names,
+)
 from minipic_server.config import MiniPICConfigError
 from minipic_server.impl_args import bind_impl_args
 
+REPO = Path(__file__).resolve().parent.parent
 # vLLM's attention layer passes these ten positionally (0.26 and 0.32), then extras by keyword.
 LAYER_ARGS = (8, 64, 0.125, 2, None, None, "auto", None, "decoder", None)
 
@@ -108,3 +121,84 @@ def test_minipic_serve_refuses_an_unsupported_vllm_in_one_line(monkeypatch: pyte
         "error: MiniPIC supports vLLM 0.26.x on cuda, vLLM 0.32.x on cpu; this is vLLM 0.33.0 on cpu. "
         f"Install a supported vLLM, or set {ALLOW_UNSUPPORTED_ENV}=1 to try anyway"
     ]
+
+
+def test_only_the_boundary_package_imports_vllm() -> None:
+    """Every vLLM name reaches MiniPIC through `minipic_server.boundary` (one place to port)."""
+    boundary_dir = REPO / "server_patch" / "minipic_server" / "boundary"
+    offenders = []
+    for path in [p for top in ("server_patch", "kernels", "sdk") for p in (REPO / top).rglob("*.py")]:
+        if boundary_dir in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno} imports {n}" for n in names
+                          if n.split(".")[0] == "vllm"]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_release_module_is_the_installed_vllms() -> None:
+    assert boundary.release.__name__ == "minipic_server.boundary.v0_32"
+    assert boundary.release.PLATFORM == boundary.SUPPORTED_VLLM["0.32"] == boundary.device_type()
+
+
+def test_kv_cache_layout_of_this_vllm_is_the_one_the_kernels_index() -> None:
+    spec = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    assert boundary.release.kv_cache_shape(spec, 7) == (7, 2, 32, 128)
+    boundary.check_kv_cache_layout(spec)
+    key, value = split_kv_cache(torch.empty(assumed_kv_cache_shape(7, 32, 2, 64), device="meta"))
+    assert key.shape == value.shape == (7, 32, 2, 64)  # [num_blocks, block_size, num_kv_heads, head_size]
+
+
+@pytest.mark.parametrize("shape", [(7, 32, 2, 128), (7, 2, 32, 64), (2, 7, 2, 32, 64)])
+def test_another_kv_cache_layout_is_refused_in_one_line(shape: tuple[int, ...]) -> None:
+    with pytest.raises(MiniPICConfigError, match=r"lays out the KV cache as .* update minipic_server.boundary") as e:
+        check_kv_cache_shape(shape, block_size=32, num_kv_heads=2, head_size=64)
+    assert "\n" not in str(e.value)
+
+
+def _fa3_schema(names: tuple[str, ...]) -> str:
+    """A schema string written like `_vllm_fa3_C::fwd`'s (optional and mutable tensors, defaults)."""
+    types = {"out": "Tensor(a!)?", "softmax_scale": "float", "is_causal": "bool", "pack_gqa": "bool?",
+             "max_seqlen_q": "int?", "window_size_left": "int"}
+    arguments = ", ".join(f"{types.get(n, 'Tensor?')} {n}" + ("=None" if n == "s_aux" else "") for n in names)
+    return f"_vllm_fa3_C::fwd({arguments}) -> Tensor[]"
+
+
+def test_fa3_schema_names_are_read_in_order() -> None:
+    assert schema_argument_names("ns::op(Tensor q, int[]? sizes=None, *, float(a!) s=0., int n=1) -> Tensor") == (
+        "q", "sizes", "s", "n")
+    check_op_arguments(_fa3_schema(v0_26.FA3_FWD_ARGUMENTS), v0_26.FA3_FWD_ARGUMENTS)
+
+
+@pytest.mark.parametrize("change", ["swap", "insert", "drop"])
+def test_an_fa3_op_with_other_arguments_is_refused_in_one_line(change: str) -> None:
+    names = list(v0_26.FA3_FWD_ARGUMENTS)
+    if change == "swap":  # e.g. a release that reorders the window sizes
+        names[25], names[26] = names[26], names[25]
+    elif change == "insert":  # upstream FA3's attention_chunk after the window sizes
+        names.insert(27, "attention_chunk")
+    else:
+        names.pop()
+    with pytest.raises(MiniPICConfigError, match=r"fwd takes .* first difference at position (25|27|36):") as e:
+        check_op_arguments(_fa3_schema(tuple(names)), v0_26.FA3_FWD_ARGUMENTS)
+    assert "\n" not in str(e.value)
+
+
+def test_the_fa3_call_passes_each_argument_under_its_declared_name() -> None:
+    recorded: dict[str, object] = {}
+
+    def fa3(*args: object) -> None:
+        assert len(args) == len(v0_26.FA3_FWD_ARGUMENTS)
+        recorded.update(zip(v0_26.FA3_FWD_ARGUMENTS, args))
+
+    q, k, v, table, qsl, qused, kused, out = (object() for _ in range(8))
+    _fa3_paged_attention(fa3)(q, k, v, table, qsl, qused, kused, 5, 9, 0.5, out)
+    assert recorded["q"] is q and recorded["k"] is k and recorded["v"] is v and recorded["out"] is out
+    assert recorded["page_table"] is table and recorded["cu_seqlens_q"] is qsl
+    assert recorded["seqused_q"] is qused and recorded["seqused_k"] is kused
+    assert (recorded["max_seqlen_q"], recorded["max_seqlen_k"], recorded["softmax_scale"]) == (5, 9, 0.5)
+    assert recorded["is_causal"] is True and recorded["cu_seqlens_k"] is None
+    assert (recorded["window_size_left"], recorded["window_size_right"], recorded["softcap"]) == (-1, -1, 0.0)
+    assert (recorded["cp_world_size"], recorded["cp_rank"]) == (1, 0)

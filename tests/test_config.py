@@ -12,10 +12,10 @@ from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
+from minipic_protocol import MarkerIds
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_engine_config, check_kv_cache_groups, check_rope_class
 from minipic_server.info_endpoint import server_info
-from minipic_server.markers import MarkerIds
 from minipic_server.serve import CPU_BLOCK_SIZE, plugin_allowlist, serve_args, serve_defaults, vllm_serve_parser
 
 MARKERS = {"ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7}
@@ -126,7 +126,7 @@ def test_info_names_a_local_tokenizer_by_its_absolute_path(tiny_model_dir: Path,
     monkeypatch.chdir(tiny_model_dir.parent)
     config = engine_config(Path(tiny_model_dir.name))
     assert config.model_config.tokenizer == tiny_model_dir.name  # vLLM keeps it relative
-    assert server_info(config, "tiny", "id")["tokenizer"] == str(tiny_model_dir)
+    assert server_info(config, "tiny", "id").tokenizer == str(tiny_model_dir)
 
 
 @pytest.mark.parametrize(

@@ -25,11 +25,13 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
+from minipic_protocol.blocks import BlockKind, block_kind_of, marker_kinds, span_openers
 from minipic_server.config import PicConfig
 from minipic_server.hashing import make_pic_block_hasher
 
 PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
 SSEP, PDEP, PAD, HSEP = PIC.marker_ids
+KIND_MARKERS = marker_kinds(*PIC.kind_marker_ids)  # SSep, PDep, HSep: the ids that give a block a kind
 # Few distinct ordinary tokens, so that equal blocks (and would-be false hits) are common.
 TOKENS = st.one_of(st.integers(10, 13), st.sampled_from(PIC.marker_ids))
 SALTS = st.one_of(st.none(), st.sampled_from(["alice", "bob"]))
@@ -59,16 +61,14 @@ def expected(prompt: list[int], generated: list[int], block_size: int, salt: str
     """The rule above, block by block, from stock hashes of the prompt or of a span's suffix."""
     tokens = prompt + generated
     whole = stock(tokens, block_size, salt)
-    out, opener = [], None  # opener: the start of the current span, None outside spans
-    for i in range(len(tokens) // block_size):
-        start = i * block_size
-        first = tokens[start] if start < len(prompt) else None  # generated tokens are never markers
-        if first in (SSEP, HSEP):
-            opener = start
-        elif first == PDEP:
-            opener = None
-        out.append(whole[i] if opener is None else stock(tokens[opener:], block_size, salt)[i - opener // block_size])
-    return out
+    kinds = [  # generated tokens are never markers
+        block_kind_of(tokens[start], *PIC.kind_marker_ids) if start < len(prompt) else BlockKind.PLAIN
+        for start in range(0, len(tokens) // block_size * block_size, block_size)
+    ]
+    return [
+        whole[i] if opener is None else stock(tokens[opener * block_size :], block_size, salt)[i - opener]
+        for i, opener in enumerate(span_openers(kinds))
+    ]
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -80,7 +80,7 @@ def test_every_block_hashes_by_the_rule(prompt, block_size, salt):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(prompt=st.lists(TOKENS, max_size=64), block_size=st.integers(1, 8), salt=SALTS)
 def test_prompts_without_marker_block_starts_hash_as_stock_vllm(prompt, block_size, salt):
-    plain = [10 if i % block_size == 0 and t in (SSEP, PDEP, HSEP) else t for i, t in enumerate(prompt)]
+    plain = [10 if i % block_size == 0 and t in KIND_MARKERS else t for i, t in enumerate(prompt)]
     assert request(plain, block_size, salt, pic=True).block_hashes == stock(plain, block_size, salt)
 
 
@@ -92,8 +92,7 @@ def test_prompts_without_marker_block_starts_hash_as_stock_vllm(prompt, block_si
 )
 def test_a_span_hashes_the_same_after_any_prefix(before, other, span, block_size, salt, opener):
     pad = lambda ids: ids + [PAD] * (-len(ids) % block_size)  # noqa: E731
-    markers = (SSEP, PDEP, HSEP)
-    span = [opener, *(10 if i % block_size == 0 and t in markers else t for i, t in enumerate(span, 1))]
+    span = [opener, *(10 if i % block_size == 0 and t in KIND_MARKERS else t for i, t in enumerate(span, 1))]
     a, b = pad(before), pad(other)
     first = request(a + span, block_size, salt, pic=True).block_hashes[len(a) // block_size :]
     second = request(b + span, block_size, salt, pic=True).block_hashes[len(b) // block_size :]

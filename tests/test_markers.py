@@ -8,8 +8,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from minipic_protocol import MarkerIds
 from minipic_server.config import MiniPICConfigError
-from minipic_server.markers import HSEP_TOKEN, MarkerIds, MarkerRule, pick_marker_ids
+from minipic_server.markers import HSEP_TOKEN, MarkerRule, pick_marker_ids
 
 WORDS = ["hello", "world", "}", "<x>"]
 CHATML = (

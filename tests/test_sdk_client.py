@@ -28,6 +28,7 @@ from minipic_client import (
     Text,
 )
 from minipic_client.client import check_cache_salt
+from minipic_protocol import PROTOCOL_VERSION, InfoError
 
 if TYPE_CHECKING:
     from sdk_fixtures import FakeServer, Recorded
@@ -281,8 +282,8 @@ async def test_refreshed_heads_send_heads_in_context_and_whole_documents_as_hidd
     assert span.prompt[0] == fake_server.hsep and _contains(final.prompt, span.prompt)
 
 
-async def test_an_older_server_without_hsep_serves_everything_but_hidden_heads(fake_server, fake_client):
-    del fake_server.info["hsep_token_id"]
+async def test_a_server_without_hsep_serves_everything_but_hidden_heads(fake_server, fake_client):
+    fake_server.info["hsep_token_id"] = None
     async with fake_client() as client:
         assert client.info.hsep_token_id is None
         await client.rag(docs=DOCS[:1], task="q", max_tokens=1)
@@ -293,12 +294,28 @@ async def test_an_older_server_without_hsep_serves_everything_but_hidden_heads(f
 def test_server_info_reads_hsep_when_published() -> None:
     base = {"block_size": 16, "ssep_token_id": 5, "pdep_token_id": 6, "pad_token_id": 7, "max_num_seqs": 4,
             "max_model_len": 2048, "model": "m", "tokenizer": "t", "vllm_version": "v", "minipic_version": "v",
-            "instance_id": "i"}  # fmt: skip
+            "instance_id": "i", "protocol_version": PROTOCOL_VERSION, "hsep_token_id": None}  # fmt: skip
     assert ServerInfo.from_json({**base, "hsep_token_id": 2048}).marker_ids == {5, 6, 7, 2048}
-    assert ServerInfo.from_json({**base, "hsep_token_id": None}).hsep_token_id is None
+    assert ServerInfo.from_json(base).hsep_token_id is None
     assert ServerInfo.from_json(base).marker_ids == {5, 6, 7}
-    with pytest.raises(ConfigError, match="'hsep_token_id' is 'x'"):
+    assert ServerInfo.from_json(ServerInfo.from_json(base).to_json()) == ServerInfo.from_json(base)
+    with pytest.raises(InfoError, match="'hsep_token_id' is 'x'"):
         ServerInfo.from_json({**base, "hsep_token_id": "x"})
+    with pytest.raises(InfoError, match="'hsep_token_id' is None"):  # null is published, never left out
+        ServerInfo.from_json({k: v for k, v in base.items() if k != "hsep_token_id"})
+
+
+@pytest.mark.parametrize("version", [None, PROTOCOL_VERSION + 1])
+async def test_a_server_of_another_protocol_version_is_refused_in_one_line(fake_server, fake_client, version):
+    fake_server.info["protocol_version"] = version
+    fake_server.info["minipic_version"] = "9.9"
+    with pytest.raises(ConfigError) as refused:
+        async with fake_client():
+            pass
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("http://fake/: the server speaks MiniPIC protocol ")
+    assert f"(MiniPIC 9.9), this client speaks {PROTOCOL_VERSION}" in message
 
 
 async def test_restarted_server_gets_its_spans_prefilled_again(fake_server, fake_client):

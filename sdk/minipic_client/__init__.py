@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from minipic_client.client import RagRequest, RagResult, SpanClient
-from minipic_client.config import ServerInfo
 from minipic_client.errors import (
     APIError,
     BatchInputError,
@@ -43,6 +42,7 @@ from minipic_client.prompt import (
 from minipic_client.scheduler import RequestEvent, Strategy
 from minipic_client.tokenizer import Tokenizer
 from minipic_client.transport import RetryPolicy
+from minipic_protocol import ServerInfo
 
 if TYPE_CHECKING:
     from minipic_client.retriever import SpanRAG

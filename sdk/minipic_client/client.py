@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from minipic_client.config import ServerInfo
 from minipic_client.errors import (
     ConfigError,
     MiniPICError,
@@ -46,6 +45,7 @@ from minipic_client.scheduler import RequestEvent, Scheduler, Strategy, run
 from minipic_client.tokenizer import Tokenizer
 from minipic_client.tokens import TokenCache
 from minipic_client.transport import RetryLog, RetryPolicy, Usage, usage_of
+from minipic_protocol import InfoError, ServerInfo
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -692,7 +692,10 @@ class SpanClient:
                 f"404 ({exc.message}); start it with `minipic serve`, or send it plain prompts "
                 "(allow_stock_server=True; `minipic batch --strategy baseline`)"
             ) from None
-        return ServerInfo.from_json(data)
+        try:
+            return ServerInfo.from_json(data)
+        except InfoError as exc:
+            raise ConfigError(f"{replica.base_url}: {exc}") from None
 
     async def _stock_info(self, replica: Replica) -> ServerInfo:
         if self._tokenizer_arg is None or self._max_in_flight is None:

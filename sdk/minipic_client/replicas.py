@@ -14,11 +14,11 @@ import time
 
 import httpx
 
-from minipic_client.config import ServerInfo
 from minipic_client.errors import ConfigError, MiniPICError
 from minipic_client.placement import Endpoint
 from minipic_client.scheduler import Scheduler
 from minipic_client.transport import Connection, RetryPolicy, root_url
+from minipic_protocol import ServerInfo
 
 logger = logging.getLogger("minipic_client")
 

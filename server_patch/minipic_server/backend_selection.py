@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllm.config import get_current_vllm_config
-from vllm.platforms import current_platform
-
+from minipic_server.boundary import current_platform, get_current_vllm_config
 from minipic_server.config import MiniPICConfigError, pic_config_of
 from minipic_server.guards import check_attention_backend
 
@@ -24,7 +22,7 @@ def backend_for_platform() -> str:
 
 
 def register_cuda_backend() -> None:
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from minipic_server.boundary import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND)
 

@@ -27,8 +27,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from vllm.forward_context import get_forward_context, is_forward_context_available
-from vllm.model_executor.layers.attention.attention import get_attention_context
 
 from minipic_kernels.block_kinds import (
     block_kinds_of_tokens,
@@ -39,7 +37,13 @@ from minipic_kernels.block_kinds import (
 )
 from minipic_kernels.block_origins import misplaced_requests
 from minipic_server.backends.common import PicAttentionMetadata
-from minipic_server.boundary import MODEL_FORWARD, patch_instance
+from minipic_server.boundary import (
+    MODEL_FORWARD,
+    get_attention_context,
+    get_forward_context,
+    is_forward_context_available,
+    patch_instance,
+)
 from minipic_server.config import MiniPICConfigError, PicConfig
 
 

@@ -34,15 +34,13 @@ def serve(
     ),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
-    import vllm
-    from vllm.platforms import current_platform
-
-    from minipic_server.boundary import UnsupportedVLLMError, table_version
-    from minipic_server.markers import MarkerIds
-    from minipic_server.serve import serve_main
+    from minipic_protocol import MarkerIds
+    from minipic_server.boundary.versions import UnsupportedVLLMError
 
     try:
-        table_version(vllm.__version__, current_platform.device_type)
+        from minipic_server import boundary  # picks the release module: refuses an unsupported vLLM
+
+        boundary.supported_release()  # and again: a test may change the version after that import
     except UnsupportedVLLMError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -50,6 +48,8 @@ def serve(
     if any(v is not None for v in given) and None in given:
         raise typer.BadParameter("give all three of --ssep-token-id, --pdep-token-id, --pad-token-id")
     markers = MarkerIds(*given) if None not in given else None
+    from minipic_server.serve import serve_main
+
     serve_main(model, list(ctx.args), markers, hsep_token_id, require_cache_salt=require_cache_salt)
 
 

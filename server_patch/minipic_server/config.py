@@ -60,7 +60,7 @@ class PicConfig:
 
     @property
     def kind_marker_ids(self) -> tuple[int, int, int | None]:
-        """The ids that give a block a kind, as `minipic_kernels.block_kinds` takes them."""
+        """The ids that give a block a kind, as `minipic_protocol.blocks` takes them."""
         return (self.ssep_token_id, self.pdep_token_id, self.hsep_token_id)
 
     def to_additional_config(self) -> dict[str, dict[str, Any]]:

@@ -12,11 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
-from vllm.v1.engine.core import EngineCore
-
-from minipic_server.boundary import BAD_WORDS, ENGINE_HASHER, ENGINE_PIC, REQUEST_BLOCK_HASHER, patch_instance
+from minipic_server.boundary import (
+    BAD_WORDS,
+    ENGINE_HASHER,
+    ENGINE_PIC,
+    REQUEST_BLOCK_HASHER,
+    EngineCore,
+    get_hash_fn_by_name,
+    patch_instance,
+    resolve_kv_cache_block_sizes,
+)
 from minipic_server.config import PicConfig, pic_config_of
 from minipic_server.gapped_hits import install_gap_scheduling
 from minipic_server.guards import check_kv_cache_groups

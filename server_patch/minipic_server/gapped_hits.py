@@ -26,13 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllm.v1.request import Request, RequestStatus
-
 from minipic_server.boundary import (
     ENGINE_GAPS,
     SCHEDULER_ALLOCATE_SLOTS,
     SCHEDULER_CHUNK_END,
     SCHEDULER_SPLITS_CHUNKS,
+    Request,
+    RequestStatus,
     patch_instance,
 )
 from minipic_server.config import pic_config_of

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from minipic_protocol import MarkerIds
 from minipic_server.config import MiniPICConfigError, PicConfig
-from minipic_server.markers import MarkerIds, check_marker_ids, load_tokenizer
+from minipic_server.markers import check_marker_ids, load_tokenizer
 
 # RoPE classes whose rotation is fully described by (cos_sin_cache, rotary_dim, is_neox_style),
 # which is what the attention backends re-apply to keys. Exact class names, not isinstance:

@@ -2,7 +2,7 @@
 
 vLLM chains every full block's hash on the block before it, so a document only
 hits the cache after an identical prefix. Markers change the parent of a block,
-by the rule of `minipic_kernels.block_kinds`:
+by the rule of `minipic_protocol.blocks`:
 
 - an SSep or HSep block (the marker as its first *prompt* token) hashes as if it
   had no parent (plus the request's ``cache_salt``), so the span starting there is
@@ -26,16 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.kv_cache_utils import (
+from minipic_protocol.blocks import BlockKind, block_kind_of, in_span, opens_span
+from minipic_server.boundary import (
+    CHAIN_STATE,
     BlockHash,
+    Request,
     generate_block_hash_extra_keys,
     hash_block_tokens,
+    kv_cache_utils,
+    patch_instance,
 )
-from vllm.v1.request import Request
-
-from minipic_kernels.block_kinds import BlockKind, block_kind_of, in_span, opens_span
-from minipic_server.boundary import CHAIN_STATE, patch_instance
 from minipic_server.config import MiniPICConfigError, PicConfig
 
 

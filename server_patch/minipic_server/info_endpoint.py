@@ -1,4 +1,5 @@
-"""``GET /minipic/info``: what a client needs to build PIC prompts for this server.
+"""``GET /minipic/info``: what a client needs to build PIC prompts for this server
+(`minipic_protocol.ServerInfo`, the schema the client reads).
 
 A ``vllm.endpoint_plugins`` entry point; vLLM loads it only when it is named in
 ``VLLM_PLUGINS`` (``minipic serve`` does that).
@@ -14,31 +15,31 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from minipic_protocol import ServerInfo
 from minipic_server import __version__
+from minipic_server.boundary import vllm_version
 from minipic_server.config import pic_config_of
 
 ENDPOINT_PLUGIN_NAME = "minipic_info"
 
 
-def server_info(vllm_config: Any, served_model_name: str, instance_id: str) -> dict[str, Any]:
-    import vllm
-
+def server_info(vllm_config: Any, served_model_name: str, instance_id: str) -> ServerInfo:
     pic = pic_config_of(vllm_config)
     assert pic is not None
-    return {
-        "model": served_model_name,
-        "tokenizer": _portable(vllm_config.model_config.tokenizer),
-        "block_size": vllm_config.cache_config.block_size,
-        "ssep_token_id": pic.ssep_token_id,
-        "pdep_token_id": pic.pdep_token_id,
-        "pad_token_id": pic.pad_token_id,
-        "hsep_token_id": pic.hsep_token_id,  # null: this server has no HSep marker
-        "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
-        "max_model_len": vllm_config.model_config.max_model_len,
-        "vllm_version": vllm.__version__,
-        "minipic_version": __version__,
-        "instance_id": instance_id,
-    }
+    return ServerInfo(
+        model=served_model_name,
+        tokenizer=_portable(vllm_config.model_config.tokenizer),
+        block_size=vllm_config.cache_config.block_size,
+        ssep_token_id=pic.ssep_token_id,
+        pdep_token_id=pic.pdep_token_id,
+        pad_token_id=pic.pad_token_id,
+        hsep_token_id=pic.hsep_token_id,
+        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+        max_model_len=vllm_config.model_config.max_model_len,
+        vllm_version=vllm_version(),
+        minipic_version=__version__,
+        instance_id=instance_id,
+    )
 
 
 def _portable(tokenizer: str) -> str:
@@ -72,4 +73,4 @@ class InfoEndpointPlugin:
             return
         names = getattr(args, "served_model_name", None) or [vllm_config.model_config.model]
         # A fresh id per server start tells clients that their span prefills are gone.
-        state.minipic_info = server_info(vllm_config, names[0], uuid.uuid4().hex)
+        state.minipic_info = server_info(vllm_config, names[0], uuid.uuid4().hex).to_json()

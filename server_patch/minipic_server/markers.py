@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, fields, replace
+from dataclasses import astuple, fields, replace
 from typing import Any
 
+from minipic_protocol import MarkerIds
 from minipic_server.config import MiniPICConfigError
 
 # Dedicated tokens of the embedded tiny model (and of any tokenizer that adds them).
@@ -44,14 +45,6 @@ _SAMPLE_CONVERSATIONS = (
      {"role": "user", "content": "u"}],
     [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}],
 )
-
-
-@dataclass(frozen=True)
-class MarkerIds:
-    ssep_token_id: int
-    pdep_token_id: int
-    pad_token_id: int
-    hsep_token_id: int | None = None  # None: the tokenizer has no fourth unused special token
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,7 +2,7 @@
 
 They are counted in the API-server process, where vLLM's ``/metrics`` lives:
 when a request finishes, its prompt ids and its prefix-cache hit are both known
-there, and the block rule of `minipic_kernels.block_kinds` tells which prompt
+there, and the block rule of `minipic_protocol.blocks` tells which prompt
 blocks were spans, SSep, HSep or PDep blocks. Like vLLM's own request metrics, they
 are not counted with ``--disable-log-stats``.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from minipic_kernels.block_kinds import BlockKind, block_kind_of, in_span
+from minipic_protocol.blocks import BlockKind, block_kind_of, in_span
 from minipic_server.config import PicConfig
 
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 
 def register() -> None:
-    import vllm
-    from vllm.platforms import current_platform
-
     from minipic_server import boundary, lifetime
 
     lifetime.die_with_parent()
-    boundary.install(boundary.table_version(vllm.__version__, current_platform.device_type))
+    boundary.install(boundary.supported_release())

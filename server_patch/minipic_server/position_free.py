@@ -15,12 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import nn
-from vllm.model_executor.layers.attention.attention import Attention
-from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
 from minipic_kernels.reference import unit_rotation_table
 from minipic_server.backends.common import RopeSpec
 from minipic_server.block_recorder import record_each_step
+from minipic_server.boundary import Attention, BaseModelLoader
 from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
 from minipic_server.guards import check_rope_class
 

@@ -16,10 +16,11 @@ from dataclasses import replace
 from importlib.metadata import entry_points
 from typing import Any
 
+from minipic_protocol import MarkerIds
 from minipic_server import lifetime
 from minipic_server.config import CONFIG_KEY, MiniPICConfigError, PicConfig
 from minipic_server.info_endpoint import ENDPOINT_PLUGIN_NAME
-from minipic_server.markers import MarkerIds, MarkerRule, load_tokenizer
+from minipic_server.markers import MarkerRule, load_tokenizer
 
 # What PIC needs from vLLM; the plugin's guards refuse a user's flag that turns one off.
 _PIC_DEFAULTS = {"enable_prefix_caching": True, "enable_prompt_tokens_details": True}
@@ -47,8 +48,7 @@ def default_cpu_kv_cache_bytes() -> int:
 
 def vllm_serve_parser(defaults: dict[str, Any]) -> tuple[ArgumentParser, Any]:
     """vLLM's own ``serve`` parser and subcommand, with `defaults` under the user's flags."""
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from minipic_server.boundary import FlexibleArgumentParser, ServeSubcommand
 
     parser = FlexibleArgumentParser(prog="minipic")
     command = ServeSubcommand()
@@ -106,7 +106,7 @@ def plugin_allowlist(existing: str | None) -> str:
 
 def run_vllm_serve(argv: list[str]) -> None:
     """Stock ``vllm serve ARGV`` through its own subcommand object (tests compare against it)."""
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from minipic_server.boundary import cli_env_setup
 
     cli_env_setup()
     parser, command = vllm_serve_parser({})
@@ -125,8 +125,7 @@ def serve_main(
 ) -> None:
     """``minipic serve``; a configuration PIC cannot serve ends the process with one
     line, the last of the output, instead of a traceback."""
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.platforms import current_platform
+    from minipic_server.boundary import cli_env_setup, current_platform
 
     cli_env_setup()
     os.environ["VLLM_PLUGINS"] = plugin_allowlist(os.environ.get("VLLM_PLUGINS"))

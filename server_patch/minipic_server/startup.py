@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from minipic_protocol import MARKER_ROLES
 from minipic_server.config import PicConfig, pic_config_of
 
 logger = logging.getLogger("vllm.minipic")
@@ -31,25 +32,21 @@ def wrap_create_engine_config(original: Callable[..., Any]) -> Callable[..., Any
     return create_engine_config
 
 
-_ROLES = ("SSep", "PDep", "pad", "HSep")  # in `PicConfig.markers` order
-
-
 def startup_block(vllm_config: Any, pic: PicConfig) -> str:
     """What an operator needs to see once: PIC is on, with which markers, blocks and attention."""
-    import vllm
-
     from minipic_server import __version__
     from minipic_server.backend_selection import backend_for_platform
+    from minipic_server.boundary import vllm_version
 
     model_config = vllm_config.model_config
     names = _marker_strings(model_config, pic)
     markers = ", ".join(
         f"{role} {token_id} {name!r}"
-        for role, token_id, name in zip(_ROLES, pic.marker_ids, names)
+        for role, token_id, name in zip(MARKER_ROLES.values(), pic.marker_ids, names)
     )
     return "\n".join((
         f"MiniPIC {__version__}: position-independent caching ACTIVE",
-        f"  vLLM {vllm.__version__}, model {model_config.model}",
+        f"  vLLM {vllm_version()}, model {model_config.model}",
         f"  markers: {markers}",
         f"  block size {vllm_config.cache_config.block_size} tokens (spans are padded to it)",
         f"  attention backend {backend_for_platform()}",

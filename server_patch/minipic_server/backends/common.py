@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from vllm.v1.attention.backend import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
 
 from minipic_kernels.attention import StepPlan
+from minipic_server import boundary
+from minipic_server.boundary import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
 from minipic_server.config import MiniPICConfigError
 
 
@@ -59,6 +60,7 @@ class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        boundary.check_kv_cache_layout(kv_cache_spec)
         self.block_size = kv_cache_spec.block_size
 
     def build(

@@ -12,8 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.v1.attention.backend import AttentionImpl, AttentionType, MultipleOf
-from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 from minipic_kernels.reference import paged_rope_attention_reference, write_kv_reference
 from minipic_server.backends.common import (
@@ -24,6 +22,7 @@ from minipic_server.backends.common import (
     RopeSpec,
     refuse_unsupported_features,
 )
+from minipic_server.boundary import AttentionImpl, AttentionType, CPUAttentionBackend, MultipleOf
 
 
 class PicCpuAttentionBackend(PositionFreeBackend, CPUAttentionBackend):

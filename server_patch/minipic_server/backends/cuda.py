@@ -15,8 +15,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
-from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
-from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend, TritonAttentionImpl
 
 from minipic_kernels.attention import PagedAttention, paged_rope_attention, plan_step
 from minipic_kernels.kv_write import write_kv
@@ -26,6 +24,13 @@ from minipic_server.backends.common import (
     PositionFreeAttention,
     PositionFreeBackend,
     RopeSpec,
+)
+from minipic_server.boundary import (
+    AttentionCGSupport,
+    CommonAttentionMetadata,
+    TritonAttentionBackend,
+    TritonAttentionImpl,
+    release,
 )
 from minipic_server.impl_args import bind_impl_args
 
@@ -138,22 +143,15 @@ def flash_attention_for(dtype: torch.dtype, head_size: int) -> PagedAttention | 
     (fp32, head sizes it lacks, GPUs without FA3): the Triton tile kernel then does all."""
     if dtype not in (torch.float16, torch.bfloat16) or head_size % 8 or head_size > 256:
         return None
-    from vllm.v1.attention.backends.fa_utils import get_flash_attn_version, is_flash_attn_varlen_func_available
-
-    if not is_flash_attn_varlen_func_available() or get_flash_attn_version(head_size=head_size) != 3:
-        return None
-    from vllm.vllm_flash_attn import flash_attn_interface  # noqa: F401 - loads FA3's op library
-
-    try:
-        return _fa3_paged_attention(torch.ops._vllm_fa3_C.fwd)
-    except (AttributeError, RuntimeError):  # built without FA3
-        return None
+    fa3_forward = release.fa3_forward(head_size)  # its argument order checked against the op's schema
+    return None if fa3_forward is None else _fa3_paged_attention(fa3_forward)
 
 
 def _fa3_paged_attention(fa3_forward: Callable[..., Any]) -> PagedAttention:
     """FA3's forward op, called as `flash_attn_varlen_func` calls it (vLLM 0.26) plus
-    ``seqused_q``: only the rows a request is given are computed, the others left as they
-    are, so launches over the cache and over scratch pages share one output."""
+    ``seqused_q``, positionally by the names of `boundary.v0_26.FA3_FWD_ARGUMENTS`: only the
+    rows a request is given are computed, the others left as they are, so launches over the
+    cache and over scratch pages share one output."""
 
     def attend(
         query: torch.Tensor,

@@ -1,4 +1,4 @@
-"""Every place MiniPIC reaches into vLLM, declared as data.
+"""Every place MiniPIC hooks into vLLM, declared as data.
 
 vLLM has no extension point for what PIC changes (block hashing, per-block records
 of where keys were computed, the attention backend choice), so the plugin wraps a few
@@ -15,23 +15,15 @@ running those tests against it and editing this file.
 from __future__ import annotations
 
 import enum
-import functools
 import importlib
-import logging
-import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from minipic_server.boundary.versions import SUPPORTED_VLLM, UnsupportedVLLMError
 from minipic_server.patching import wrap_attribute
 
-logger = logging.getLogger("vllm.minipic")
-
-# The vLLM releases MiniPIC is checked on (major.minor), each with its platform.
-SUPPORTED_VLLM: Mapping[str, str] = {"0.26": "cuda", "0.32": "cpu"}
 ALL = tuple(SUPPORTED_VLLM)
-ALLOW_UNSUPPORTED_ENV = "MINIPIC_ALLOW_UNSUPPORTED_VLLM"
 
 
 class How(enum.Enum):
@@ -339,38 +331,6 @@ TABLE: tuple[Intervention, ...] = (
 )
 
 
-class UnsupportedVLLMError(RuntimeError):
-    """This vLLM release is not one MiniPIC was checked on."""
-
-
-def table_version(vllm_version: str, platform: str, environ: Mapping[str, str] = os.environ) -> str:
-    """The `SUPPORTED_VLLM` release whose entries apply here.
-
-    An unsupported release fails with one line unless `ALLOW_UNSUPPORTED_ENV` is
-    set; then the entries of the release supported on this platform are used.
-    """
-    match = re.match(r"(\d+)\.(\d+)", vllm_version)
-    minor = f"{match[1]}.{match[2]}" if match else vllm_version
-    if SUPPORTED_VLLM.get(minor) == platform:
-        return minor
-    supported = ", ".join(f"vLLM {v}.x on {p}" for v, p in SUPPORTED_VLLM.items())
-    fallback = next((v for v, p in SUPPORTED_VLLM.items() if p == platform), None)
-    problem = f"MiniPIC supports {supported}; this is vLLM {vllm_version} on {platform}"
-    if environ.get(ALLOW_UNSUPPORTED_ENV) != "1" or fallback is None:
-        raise UnsupportedVLLMError(
-            f"{problem}. Install a supported vLLM, or set {ALLOW_UNSUPPORTED_ENV}=1 to try anyway"
-            + ("" if fallback else f" (nothing is supported on {platform})")
-        )
-    _warn_once(f"{problem}: {ALLOW_UNSUPPORTED_ENV}=1 is set, so MiniPIC hooks it as vLLM {fallback}. "
-               "UNTESTED: hooks may fail or answers may be wrong")
-    return fallback
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    logger.warning(message)
-
-
 def entries_for(version: str) -> tuple[Intervention, ...]:
     return tuple(entry for entry in TABLE if version in entry.versions)
 
@@ -390,7 +350,7 @@ _RUN_TIME = frozenset(id(entry) for entry in TABLE if entry.how in (How.PATCH, H
 def patch_instance(entry: Intervention, obj: object, value: Any) -> None:
     """Set a vLLM object's attribute that the table declares as patched or attached at run time."""
     if id(entry) not in _RUN_TIME:  # per request: identity, not a scan of the table
-        raise ValueError(f"{entry.target} is not declared as a run-time patch in minipic_server.boundary")
+        raise ValueError(f"{entry.target} is not declared as a run-time patch in minipic_server.boundary.table")
     setattr(obj, entry.attribute, value)
 
 
