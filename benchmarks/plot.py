@@ -183,7 +183,7 @@ def replicas(data: dict, out: Path) -> None:
     rates = [r["span_hit_rate"] if r["span_hit_rate"] is not None else r["final_cached_fraction"] or 0 for r in rows]
     bars = hits.bar(range(len(rows)), rates, color="tab:green")
     hits.bar_label(bars, labels=[f"{v:.3f}" for v in rates], fontsize=7)
-    hits.set_ylabel("span hit rate of final prompts (stock: cached fraction)")
+    hits.set_ylabel("span hit rate (stock: cached fraction)")
     hits.set_ylim(0, 1.05)
     for ax in (speed, hits):
         ax.set_xticks(range(len(rows)), names, rotation=25, ha="right", fontsize=7)
