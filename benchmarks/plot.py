@@ -172,6 +172,29 @@ def client_concurrency(data: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
+def replicas(data: dict, out: Path) -> None:
+    """benchmarks/replicas.py: samples/s and span hit rate of each run."""
+    rows = data["runs"]
+    names = [r["mode"] for r in rows]
+    fig, (speed, hits) = plt.subplots(1, 2, figsize=(11, 4.2))
+    bars = speed.bar(range(len(rows)), [r["samples_per_s"] for r in rows], color="tab:blue")
+    speed.bar_label(bars, labels=[f"{r['samples_per_s']:.1f}" for r in rows], fontsize=7)
+    speed.set_ylabel("samples / s")
+    rates = [r["span_hit_rate"] if r["span_hit_rate"] is not None else r["final_cached_fraction"] or 0 for r in rows]
+    bars = hits.bar(range(len(rows)), rates, color="tab:green")
+    hits.bar_label(bars, labels=[f"{v:.3f}" for v in rates], fontsize=7)
+    hits.set_ylabel("span hit rate (stock: cached fraction)")
+    hits.set_ylim(0, 1.05)
+    for ax in (speed, hits):
+        ax.set_xticks(range(len(rows)), names, rotation=25, ha="right", fontsize=7)
+    meta = data["provenance"]
+    commit = (meta.get("commit") or "?")[:7] + ("+dirty" if meta.get("dirty") else "")
+    fig.suptitle(f"{data['replicas']} replicas, {data['samples']} samples, {data['unique_document_fraction']:.0%} of "
+                 f"documents unique ({data['device']}, {commit}, {data['date'][:10]})", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 FIGURES = (
     ("served-h200.json", "served-table1.png", served_table1),
     ("served-h200-no-reuse.json", "served-table1-no-reuse.png", served_table1),
@@ -179,6 +202,7 @@ FIGURES = (
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
     ("accuracy-smollm2-cpu.json", "accuracy.png", accuracy),
+    ("replicas-h200.json", "scale-out-replicas.png", replicas),
 )
 
 

@@ -334,6 +334,23 @@ def passages_as_docs(passages: list[dict], tokenizer, target_tokens: int, count:
     return docs
 
 
+def table1_requests(
+    passages: list[dict], samples: int, max_tokens: list[int]
+) -> tuple[list[list[int]], list[str], dict[int, list[RagRequest]]]:
+    """Table 1's workload (`workload.py`): each sample's passage indices, every passage's
+    text, and the samples as `RagRequest`s at each max_tokens."""
+    picks = draw_samples(len(passages), samples, 10, seed=0)
+    rng = random.Random(1)
+    texts = [f"{p['title']}\n{p['text']}\n\n" for p in passages]
+    questions = [question_for([passages[i]["title"] for i in s], rng) for s in picks]
+    requests_by_tokens = {
+        mt: [RagRequest(task=q, docs=[texts[i] for i in s], system=SYSTEM, max_tokens=mt)
+             for s, q in zip(picks, questions)]
+        for mt in max_tokens
+    }  # fmt: skip
+    return picks, texts, requests_by_tokens
+
+
 async def measure_server(
     server: Server, args, requests_by_tokens, distinct_passages, docs_1k, docs_4k, result: dict
 ) -> None:
@@ -382,14 +399,7 @@ async def main_async(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     args.vocab = len(tokenizer)
     passages = json.loads(args.passages.read_text())
-    picks = draw_samples(len(passages), args.samples, 10, seed=0)
-    rng = random.Random(1)
-    texts = [f"{p['title']}\n{p['text']}\n\n" for p in passages]
-    samples = [(s, question_for([passages[i]["title"] for i in s], rng)) for s in picks]
-    requests_by_tokens = {
-        mt: [RagRequest(task=q, docs=[texts[i] for i in s], system=SYSTEM, max_tokens=mt) for s, q in samples]
-        for mt in args.max_tokens
-    }
+    picks, texts, requests_by_tokens = table1_requests(passages, args.samples, args.max_tokens)
     docs_1k = passages_as_docs(passages, tokenizer, 1000, 5 * max(args.figure2_docs))
     docs_4k = passages_as_docs(passages[3000:], tokenizer, args.long_doc_tokens, 8)
     documents = [i for s in picks for i in s]
