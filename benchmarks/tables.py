@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -17,21 +18,21 @@ def _row(*cells: object) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def served(data: dict) -> None:
+def served(data: dict) -> Iterator[str]:
     rows = data["table1"]
     if rows:
-        _table1(rows)
+        yield from _table1(rows)
     if data.get("span_prefills"):
-        _span_prefills(data["span_prefills"])
-    _figure2_and_others(data)
+        yield from _span_prefills(data["span_prefills"])
+    yield from _figure2_and_others(data)
 
 
-def _table1(rows: list[dict]) -> None:
+def _table1(rows: list[dict]) -> Iterator[str]:
     """One line per (configuration, max_tokens): the median of its repeats, their range beside it."""
-    print(_row("configuration", "layout", "max_tokens", "runs", "samples/s (median, range)", "vs stock FA3",
+    yield (_row("configuration", "layout", "max_tokens", "runs", "samples/s (median, range)", "vs stock FA3",
                "final prompt tokens/s", "computed prompt tokens/s", "requests", "cached (finals)",
                "of ceiling"))  # fmt: skip
-    print(_row(*["---"] * 11))
+    yield (_row(*["---"] * 11))
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["row"], r["max_tokens"]), []).append(r)
@@ -42,102 +43,106 @@ def _table1(rows: list[dict]) -> None:
         ratio = median[(name, max_tokens)] / stock[max_tokens] if max_tokens in stock else float("nan")
         mid = min(runs, key=lambda r: abs(r["samples_per_s"] - median[(name, max_tokens)]))
         spread = [r["samples_per_s"] for r in runs]
-        print(_row(name, mid.get("layout", "-"), max_tokens, len(runs),
+        yield (_row(name, mid.get("layout", "-"), max_tokens, len(runs),
                    f"{median[(name, max_tokens)]:.1f} ({min(spread):.1f}-{max(spread):.1f})", f"**{ratio:.2f}x**",
                    f"{mid['final_prompt_tokens_per_s']:,.0f}", f"{mid['computed_prompt_tokens_per_s']:,.0f}",
                    mid["requests"], f"{mid['final_cached_fraction']:.1%}",
                    f"{mid['fraction_of_unique_token_ceiling']:.0%}"))  # fmt: skip
-    print()
+    yield ""
 
 
-def _span_prefills(rows: list[dict]) -> None:
-    print(_row("server", "passages", "prompt tokens sent", "seconds", "computed tokens/s", "vs stock",
+def _span_prefills(rows: list[dict]) -> Iterator[str]:
+    yield (_row("server", "passages", "prompt tokens sent", "seconds", "computed tokens/s", "vs stock",
                "passage tokens/s", "vs stock"))  # fmt: skip
-    print(_row(*["---"] * 8))
+    yield (_row(*["---"] * 8))
     stock = next((r for r in rows if not r["server"].startswith("pic")), None)
     for r in rows:
         computed = r["computed_tokens_per_s"] / stock["computed_tokens_per_s"] if stock else float("nan")
         passage = r["passage_tokens_per_s"] / stock["passage_tokens_per_s"] if stock else float("nan")
-        print(_row(r["server"], f"{r['passages']:,}", f"{r['sent_tokens']:,}", f"{r['elapsed_s']:.1f}",
+        yield (_row(r["server"], f"{r['passages']:,}", f"{r['sent_tokens']:,}", f"{r['elapsed_s']:.1f}",
                    f"{r['computed_tokens_per_s']:,.0f}", f"**{computed:.2f}x**", f"{r['passage_tokens_per_s']:,.0f}",
                    f"{passage:.2f}x"))  # fmt: skip
-    print()
+    yield ""
 
 
-def _figure2_and_others(data: dict) -> None:
+def _figure2_and_others(data: dict) -> Iterator[str]:
     by_k: dict[int, dict[str, list[float]]] = {}
     for r in data["figure2"]:
         for key, value in r.items():
             if key.endswith("_s"):
                 by_k.setdefault(r["k"], {}).setdefault(key, []).append(value)
     if by_k:
-        print(_row("k documents", "stock uncached TTFT (s)", "MiniPIC cached TTFT (s)", "speed-up",
+        yield (_row("k documents", "stock uncached TTFT (s)", "MiniPIC cached TTFT (s)", "speed-up",
                    "preload k documents (s)", "MiniPIC spans computed in prompt (s)"))  # fmt: skip
-        print(_row(*["---"] * 6))
+        yield (_row(*["---"] * 6))
         for k in sorted(by_k):
             m = {key: statistics.median(v) for key, v in by_k[k].items()}
             stock_s, cached = m.get("stock_uncached_ttft_s"), m.get("pic_cached_ttft_s")
             speedup = f"{stock_s / cached:.0f}x" if stock_s and cached else "-"
-            print(_row(k, _fmt(stock_s), _fmt(cached), speedup, _fmt(m.get("preload_s")),
+            yield (_row(k, _fmt(stock_s), _fmt(cached), speedup, _fmt(m.get("preload_s")),
                        _fmt(m.get("pic_spans_computed_ttft_s"))))  # fmt: skip
-        print()
+        yield ""
     for r in data["long_spans"]:
-        print(f"- long spans, {r['server']}: {r['samples_per_s']:.2f} samples/s, "
+        yield (f"- long spans, {r['server']}: {r['samples_per_s']:.2f} samples/s, "
               f"{r['final_cached_fraction']:.1%} of final prompt tokens cached")  # fmt: skip
     for r in data["small_requests"]:
-        print(f"- small requests, {r['server']}: {r['requests_per_s']:.0f} requests/s "
+        yield (f"- small requests, {r['server']}: {r['requests_per_s']:.0f} requests/s "
               f"({r['requests']} random 128-token prompts, {r['in_flight']} in flight)")  # fmt: skip
     for r in data["jit"]:
-        print(f"- {r['server']}: {r['compilations_after_ready']} JIT-monitor warnings after the server was ready")
+        yield (f"- {r['server']}: {r['compilations_after_ready']} JIT-monitor warnings after the server was ready")
 
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def attention(data: dict) -> None:
-    print(_row("case", "MiniPIC (ms)", "FA3 (ms)", "MiniPIC / FA3", "moved requests on the tile kernel (ms)",
+def attention(data: dict) -> Iterator[str]:
+    yield (_row("case", "MiniPIC (ms)", "FA3 (ms)", "MiniPIC / FA3", "moved requests on the tile kernel (ms)",
                "CPU dispatch per call (µs)"))  # fmt: skip
-    print(_row(*["---"] * 6))
+    yield (_row(*["---"] * 6))
     for r in data["times"]:
-        print(_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['fa3_ms']:.4f}", f"**{r['ratio']:.2f}**",
+        yield (_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['fa3_ms']:.4f}", f"**{r['ratio']:.2f}**",
                    f"{r['ours_in_kernel_ms']:.4f}", f"{r['ours_cpu_us']:.0f}"))  # fmt: skip
     worst = max(data["correctness"], key=lambda r: r["rel_l2"])
-    print(f"\nCorrectness: {len(data['correctness'])} checks against the fp32 reference, worst rel. L2 "
+    yield (f"\nCorrectness: {len(data['correctness'])} checks against the fp32 reference, worst rel. L2 "
           f"{worst['rel_l2']:.1e} ({worst['case']}, {worst['path']}), NaN in none: "
           f"{not any(r['nan'] for r in data['correctness'])}.")  # fmt: skip
     if data.get("kv_write"):
-        print("\n" + _row("cache write", "MiniPIC (ms)", "vLLM's Triton write (ms)", "MiniPIC / vLLM"))
-        print(_row(*["---"] * 4))
+        yield ("\n" + _row("cache write", "MiniPIC (ms)", "vLLM's Triton write (ms)", "MiniPIC / vLLM"))
+        yield (_row(*["---"] * 4))
         for r in data["kv_write"]:
-            print(_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['vllm_ms']:.4f}", f"{r['ratio']:.2f}"))
+            yield (_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['vllm_ms']:.4f}", f"{r['ratio']:.2f}"))
     if data.get("prefill_parts"):
-        print("\n" + _row("short prefill", "context", "MiniPIC (ms)", "FA3 (ms)", "/ FA3", "moving pass alone (ms)"))
-        print(_row(*["---"] * 6))
+        yield ("\n" + _row("short prefill", "context", "MiniPIC (ms)", "FA3 (ms)", "/ FA3", "moving pass alone (ms)"))
+        yield (_row(*["---"] * 6))
         for r in data["prefill_parts"]:
             move = f"{r['move_pass_ms']:.4f}" if "move_pass_ms" in r else "-"
-            print(_row(r["case"], "moved" if r["moved"] else "at origin", f"{r['whole_ms']:.4f}", f"{r['fa3_ms']:.4f}",
+            yield (_row(r["case"], "moved" if r["moved"] else "at origin", f"{r['whole_ms']:.4f}", f"{r['fa3_ms']:.4f}",
                        f"{r['ratio']:.2f}", move))  # fmt: skip
     if data.get("decode_variants"):
-        print("\n" + _row("decode launch alone", "keys", "BLOCK_N / warps / stages / splits", "ms", "/ FA3", "GB/s"))
-        print(_row(*["---"] * 6))
+        yield ("\n" + _row("decode launch alone", "keys", "BLOCK_N / warps / stages / splits", "ms", "/ FA3", "GB/s"))
+        yield (_row(*["---"] * 6))
         for r in data["decode_variants"]:
             c = r["config"]
             launch = f"{c['block_n']} / {c['num_warps']} / {c['num_stages']} / {c['num_splits'] or 'auto'}"
-            print(_row(r["case"], r["variant"], launch, f"{r['ms']:.4f}", f"{r['ratio']:.2f}",
+            yield (_row(r["case"], r["variant"], launch, f"{r['ms']:.4f}", f"{r['ratio']:.2f}",
                        f"{r['gb_per_s']:,.0f}"))  # fmt: skip
     jit = data.get("jit")
     if jit:
-        print(f"JIT: warm-up {jit['warm_up_s']:.1f} s, then {jit['compilations_after_warm_up']} compilations over "
+        yield (f"JIT: warm-up {jit['warm_up_s']:.1f} s, then {jit['compilations_after_warm_up']} compilations over "
               f"{jit['steps']} random steps.")  # fmt: skip
 
 
-def concurrency(data: dict) -> None:
-    print(_row("requests in flight", "ideal (req/s)", "httpx default pool (req/s)", "SDK transport (req/s)"))
-    print(_row(*["---"] * 4))
+def concurrency(data: dict) -> Iterator[str]:
+    yield (_row("requests in flight", "ideal (req/s)", "httpx default pool (req/s)", "SDK transport (req/s)"))
+    yield (_row(*["---"] * 4))
     for r in data["rows"]:
-        print(_row(r["in_flight"], f"{r['ideal_requests_per_s']:,.0f}", f"{r['httpx_default_pool']:,.0f}",
+        yield (_row(r["in_flight"], f"{r['ideal_requests_per_s']:,.0f}", f"{r['httpx_default_pool']:,.0f}",
                    f"{r['sdk_pooled_transport']:,.0f}"))  # fmt: skip
+
+
+# The printers by kind: each yields the lines (or blocks of lines) of its Markdown tables.
+TABLES = {"served": served, "attention": attention, "concurrency": concurrency}
 
 
 def main() -> None:
@@ -145,9 +150,8 @@ def main() -> None:
     parser.add_argument("kind", choices=["served", "attention", "concurrency"])
     parser.add_argument("path", type=Path)
     args = parser.parse_args()
-    {"served": served, "attention": attention, "concurrency": concurrency}[args.kind](
-        json.loads(args.path.read_text())
-    )
+    for text in TABLES[args.kind](json.loads(args.path.read_text())):
+        print(text)
 
 
 if __name__ == "__main__":

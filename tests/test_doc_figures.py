@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import tables
+
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_NAMES = {"single fact": "single", "two passages (bridge)": "bridge", "synthetic": "synthetic"}
 # | family | `layout` | accuracy [lo, hi] | diff [lo, hi], p | computed | steady |  (bold allowed)
@@ -44,3 +46,46 @@ def test_accuracy_table_matches_its_results() -> None:
             assert int(match["steady"]) == round(steady * 100), line
         rows += 1
     assert rows == 21  # 3 families x 7 layouts
+
+
+RESULT_FILE = re.compile(r"([\w.-]+\.json)")
+TABLE_KINDS = {"served": "served", "attention": "attention", "client-concurrency": "concurrency"}
+
+
+def _printed(name: str) -> list[str] | None:
+    """The lines `benchmarks/tables.py` prints from a result file, None for a file it has no printer for."""
+    kind = next((k for prefix, k in TABLE_KINDS.items() if name.startswith(prefix)), None)
+    if kind is None:
+        return None
+    data = json.loads((ROOT / "benchmarks/results" / name).read_text())
+    return [line for text in tables.TABLES[kind](data) for line in text.split("\n")]
+
+
+def _tables(doc: str) -> list[tuple[str | None, list[str]]]:
+    """Each Markdown table of `doc` with the result file named last before it."""
+    found: list[tuple[str | None, list[str]]] = []
+    source, block = None, []
+    for line in [*doc.splitlines(), ""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            found.append((source, block))
+            block = []
+        names = [n for n in RESULT_FILE.findall(line) if (ROOT / "benchmarks/results" / n).is_file()]
+        source = names[-1] if names else source
+    return found
+
+
+def test_benchmark_tables_are_printed_from_their_results() -> None:
+    """A table of docs/benchmarks.md whose header `tables.py` prints from the result file named
+    before it holds exactly rows that `tables.py` prints from that file."""
+    checked = 0
+    for source, block in _tables((ROOT / "docs/benchmarks.md").read_text()):
+        printed = _printed(source) if source else None
+        if printed is None or block[0] not in printed:
+            continue
+        missing = [row for row in block if row not in printed]
+        assert not missing, f"docs/benchmarks.md rows not printed from {source}: {missing}"
+        checked += 1
+    assert checked >= 6
