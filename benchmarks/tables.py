@@ -27,21 +27,31 @@ def served(data: dict) -> Iterator[str]:
     yield from _figure2_and_others(data)
 
 
+def table1_runs(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """Table 1's rows grouped by (configuration, max_tokens): the runs of each."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["row"], r["max_tokens"]), []).append(r)
+    return groups
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run whose samples/s is the median of the runs' (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r["samples_per_s"])[(len(runs) - 1) // 2]
+
+
 def _table1(rows: list[dict]) -> Iterator[str]:
-    """One line per (configuration, max_tokens): the median of its repeats, their range beside it."""
+    """One line per (configuration, max_tokens): the median of its runs, their range beside it."""
     yield (_row("configuration", "layout", "max_tokens", "runs", "samples/s (median, range)", "vs stock FA3",
                "final prompt tokens/s", "computed prompt tokens/s", "requests", "cached (finals)",
                "of ceiling"))  # fmt: skip
     yield (_row(*["---"] * 11))
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["row"], r["max_tokens"]), []).append(r)
-    median = {key: statistics.median(r["samples_per_s"] for r in runs) for key, runs in groups.items()}
-    stock = {max_tokens: median[key] for key in median for max_tokens in [key[1]]
-             if groups[key][0]["server"] == "stock-fa3"}  # fmt: skip
+    groups = table1_runs(rows)
+    median = {key: median_run(runs)["samples_per_s"] for key, runs in groups.items()}
+    stock = {key[1]: median[key] for key in median if groups[key][0]["server"] == "stock-fa3"}
     for (name, max_tokens), runs in sorted(groups.items(), key=lambda g: (g[0][1], g[1][0]["server"] != "stock-fa3")):
         ratio = median[(name, max_tokens)] / stock[max_tokens] if max_tokens in stock else float("nan")
-        mid = min(runs, key=lambda r: abs(r["samples_per_s"] - median[(name, max_tokens)]))
+        mid = median_run(runs)
         spread = [r["samples_per_s"] for r in runs]
         yield (_row(name, mid.get("layout", "-"), max_tokens, len(runs),
                    f"{median[(name, max_tokens)]:.1f} ({min(spread):.1f}-{max(spread):.1f})", f"**{ratio:.2f}x**",

@@ -89,3 +89,33 @@ def test_benchmark_tables_are_printed_from_their_results() -> None:
         assert not missing, f"docs/benchmarks.md rows not printed from {source}: {missing}"
         checked += 1
     assert checked >= 6
+
+
+ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
+
+
+def _table1_medians(name: str, configuration: str) -> dict[int, dict]:
+    """The median run of a Table 1 configuration in result file `name`, per max_tokens."""
+    rows = json.loads((ROOT / "benchmarks/results" / name).read_text())["table1"]
+    groups = tables.table1_runs([r for r in rows if r["row"] == configuration])
+    return {max_tokens: tables.median_run(runs) for (_, max_tokens), runs in groups.items()}
+
+
+def _speed_row(label: str, name: str, configuration: str) -> str:
+    """docs/accuracy.md's speed row of a layout: ratios to stock FA3 at 1 and 32 output tokens
+    (medians of the runs), the final prompts' cached share and computed tokens per sample."""
+    ours, stock = _table1_medians(name, configuration), _table1_medians(name, STOCK_FA3)
+    ratio = {mt: f"{ours[mt]['samples_per_s'] / stock[mt]['samples_per_s']:.2f}x" for mt in (1, 32)}
+    per_sample = ours[1]["computed_prompt_tokens_per_s"] / ours[1]["samples_per_s"]
+    return f"| {label} | {ratio[1]} | {ratio[32]} | {ours[1]['final_cached_fraction']:.1%} | {per_sample:,.0f} |"
+
+
+def test_accuracy_speed_table_matches_its_results() -> None:
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for label, name, configuration in [
+        ("`refreshed-heads` (default)", "served-h200-refreshed-heads.json", ISPS),
+        ("`block` (commit 99f8fb0, `served-h200.json`)", "served-h200.json", ISPS),
+        ("plain prompts (stock)", "served-h200-refreshed-heads.json", STOCK_FA3),
+    ]:
+        row = _speed_row(label, name, configuration)
+        assert row in doc, f"docs/accuracy.md lacks {row!r}"
