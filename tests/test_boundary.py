@@ -166,6 +166,23 @@ def _fa3_schema(names: tuple[str, ...]) -> str:
     return f"_vllm_fa3_C::fwd({arguments}) -> Tensor[]"
 
 
+# `str(torch.ops._vllm_fa3_C.fwd.default._schema)` as vLLM 0.26.0's wheel builds it (printed on the H200).
+FA3_SCHEMA_0_26 = (
+    "_vllm_fa3_C::fwd(Tensor($0! -> ) q, Tensor k, Tensor v, Tensor? k_new, Tensor? v_new, Tensor? q_v, T"
+    "ensor($1! -> )? out, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? cu_seqlens_k_new, Tensor? s"
+    "eqused_q, Tensor? seqused_k, int? max_seqlen_q, int? max_seqlen_k, Tensor? page_table, Tensor? kv_ba"
+    "tch_idx, Tensor? leftpad_k, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? seqlens_rotary, Tensor? "
+    "q_descale, Tensor? k_descale, Tensor? v_descale, float softmax_scale, bool is_causal, int window_siz"
+    "e_left, int window_size_right, float softcap, bool is_rotary_interleaved, Tensor? scheduler_metadata"
+    ", int num_splits, bool? pack_gqa, int sm_margin, Tensor? s_aux, int cp_world_size, int cp_rank, Tens"
+    "or? cp_tot_seqused_k) -> Tensor[]"
+)
+
+
+def test_vllm_0_26_fa3_op_matches_the_declared_arguments() -> None:
+    check_op_arguments(FA3_SCHEMA_0_26, v0_26.FA3_FWD_ARGUMENTS)
+
+
 def test_fa3_schema_names_are_read_in_order() -> None:
     assert schema_argument_names("ns::op(Tensor q, int[]? sizes=None, *, float(a!) s=0., int n=1) -> Tensor") == (
         "q", "sizes", "s", "n")
