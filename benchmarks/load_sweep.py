@@ -91,6 +91,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     rank = (len(ordered) - 1) * q / 100
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
+    if rank == low or math.isinf(ordered[high]):  # an infinite neighbour: no finite interpolation
+        return ordered[low] if rank == low else math.inf
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 

@@ -6,7 +6,7 @@ import math
 import statistics
 
 import pytest
-from load_sweep import Sample, goal, highest_sustained, percentile, poisson_offsets, summarize
+from load_sweep import Sample, goal, highest_sustained, meets_slo, percentile, poisson_offsets, summarize
 
 
 def test_poisson_offsets_are_seeded_increasing_and_at_the_rate() -> None:
@@ -29,6 +29,9 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert percentile(list(range(101)), 99) == 99.0
     assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
     assert percentile([], 50) is None
+    inf = math.inf
+    assert percentile([1.0, inf, inf], 99) == inf and percentile([1.0, 2.0, inf], 50) == 2.0
+    assert percentile([1.0, 2.0, inf], 25) == 1.5
 
 
 def done(arrival: float, ttft: float, e2e: float, tokens: int) -> Sample:
@@ -50,10 +53,10 @@ def test_summarize_counts_goodput_and_late_samples() -> None:
 
 
 def test_a_failed_sample_makes_p99_unbounded() -> None:
-    samples = [done(0.0, 0.5, 1.0, 2), Sample(0.1, error="ServerError()")]
+    samples = [done(0.0, 0.5, 1.0, 2), Sample(0.1, error="ServerError()"), Sample(0.2, error="ServerError()")]
     row = summarize(samples, elapsed=1.0, slo_ttft=2.0)
-    assert row["ttft_p99_s"] is None and row["failed"] == 1  # JSON has no infinity
-    assert row["ttft_p50_s"] is None or math.isfinite(row["ttft_p50_s"])
+    assert row["ttft_p99_s"] is None and row["failed"] == 2  # JSON has no infinity (nor NaN)
+    assert row["ttft_p50_s"] is None and not meets_slo(row, 2.0)
 
 
 def rows(server: str, p99: dict[float, float | None]) -> list[dict]:
