@@ -3,7 +3,7 @@
 # ../shared/device/README.md). Carry: .devbundle/b, .devdata (Llama-3.1-8B config.json,
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
 # and .whl (py-spy, for --profile). Usage, from the repository root:
-#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|replicas|accuracy [its args...]
+#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|replicas|load|accuracy [its args...]
 # Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
 # now + 570) bounds the step, so servers are always stopped before a device call's limit.
 set -u
@@ -49,6 +49,15 @@ replicas)
         --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
         --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/replicas.log" | grep -v Warning
     (cd "$OUT" && shopt -s nullglob && tar -czf replicas-logs.tar.gz --remove-files ./*.log) ;;
+load)
+    # Latency under load (docs/benchmarks.md): Poisson arrivals at each of --rates, stock FA3
+    # then `minipic serve` ISPS; the deadline is split between the servers, rates that would
+    # overrun it are skipped (and recorded so).
+    timeout "$left" python3 benchmarks/load_sweep.py --model "$MODEL" --tokenizer "$MODEL" \
+        --passages /tmp/2wiki_passages.json --out "$OUT/load-h200.json" --deadline "$DEADLINE" \
+        --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
+        --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/load.log" | grep -v Warning
+    (cd "$OUT" && shopt -s nullglob && tar -czf load-logs.tar.gz --remove-files ./*.log) ;;
 test-gpu)
     # The GPU test suite (`make test-gpu`); MINIPIC_COMMIT/MINIPIC_DIRTY name the commit (no git here).
     MINIPIC_GPU_RECORD="$OUT/gpu-test-h200.json" timeout "$left" make test-gpu PYTEST_ARGS="$*" \
@@ -64,5 +73,5 @@ accuracy)
         --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
         2>&1 | tee "$OUT/accuracy.log" | grep -v Warning ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernel|served|replicas|test-gpu|accuracy [args...]"; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernel|served|replicas|load|test-gpu|accuracy [args...]"; exit 2 ;;
 esac

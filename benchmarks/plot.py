@@ -195,6 +195,41 @@ def replicas(data: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
+def load_sweep(data: dict, out: Path) -> None:
+    """benchmarks/load_sweep.py: p50 and p99 TTFT against the offered rate, one colour per server;
+    a hollow marker is a lower bound (samples cancelled at the drain timeout), the SLO a line."""
+    rows, slo = data["rates"], data["slo_ttft_s"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for i, server in enumerate(dict.fromkeys(r["server"] for r in rows)):
+        mine = sorted((r for r in rows if r["server"] == server), key=lambda r: r["rate"])
+        colour = f"C{i}"
+        warm = ", spans warm" if any(r.get("warm_spans") for r in mine) else ""
+        for key, style, label in (("ttft_p50_s", "--", "p50"), ("ttft_p99_s", "-", "p99")):
+            points = [(r["rate"], r[key], r.get("ttft_censored")) for r in mine if r.get(key) is not None]
+            if not points:
+                continue
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, color=colour,
+                    label=f"{server} ({mine[0]['strategy']}{warm}) {label}")  # fmt: skip
+            for rate, value, censored in points:
+                ax.plot(rate, value, "o", color=colour, mfc="none" if censored else colour, ms=5)
+        unbounded = [r["rate"] for r in mine if r.get("ttft_p99_s") is None]
+        if unbounded:  # a failed sample: p99 has no bound
+            ax.plot(unbounded, [ax.get_ylim()[1]] * len(unbounded), "x", color=colour)
+    ax.axhline(slo, color="grey", ls=":", lw=1, label=f"SLO: TTFT {slo:g} s")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered rate (samples / s, Poisson arrivals)")
+    ax.set_ylabel("time to first token (s)")
+    meta = data["provenance"]
+    commit = (meta.get("commit") or "?")[:7] + ("+dirty" if meta.get("dirty") else "")
+    work = data["workload"]
+    ax.set_title(f"TTFT under load: 2Wiki-like RAG, max_tokens {work['max_tokens']} "
+                 f"({data['device']}, {commit}, {data['date'][:10]})", fontsize=10)  # fmt: skip
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 FIGURES = (
     ("served-h200.json", "served-table1.png", served_table1),
     ("served-h200-no-reuse.json", "served-table1-no-reuse.png", served_table1),
@@ -203,6 +238,8 @@ FIGURES = (
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
     ("accuracy-smollm2-cpu.json", "accuracy.png", accuracy),
     ("replicas-h200.json", "scale-out-replicas.png", replicas),
+    ("load-h200.json", "load-ttft.png", load_sweep),
+    ("load-h200-warm.json", "load-ttft-warm.png", load_sweep),
 )
 
 

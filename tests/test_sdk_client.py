@@ -408,3 +408,15 @@ async def test_calls_naming_no_layout_use_refreshed_heads_or_block_attention_wit
         assert sum("no hidden-head marker" in r.message for r in caplog.records) == 1
     async with fake_client(technique=Epic(2)) as client:
         assert client.default_technique == Epic(2)
+
+
+async def test_preload_prefills_spans_without_finals(fake_server, fake_client):
+    requests = [RagRequest(f"q{i}", DOCS[i : i + 2], SYSTEM, max_tokens=2) for i in range(3)]
+    async with fake_client() as client:
+        await client.preload(requests)
+        assert {r.kind for r in fake_server.requests} == {"prefix", "span"}
+        assert len(fake_server.of_kind("span")) == 4  # DOCS[0..3], each once
+        sent = len(fake_server.requests)
+        result = await client.rag(task="q1", docs=DOCS[1:3], system=SYSTEM, max_tokens=2)
+    assert [r.kind for r in fake_server.requests[sent:]] == ["final"]
+    assert result.cached_tokens == client.rag_layout(requests[1]).cacheable_tokens

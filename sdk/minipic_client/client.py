@@ -546,6 +546,11 @@ class SpanClient:
             async for outcome in outcomes:
                 yield outcome
 
+    async def preload(self, requests: Iterable[RagRequest], *, strategy: Strategy = Strategy.ISPS) -> None:
+        """Make the spans of `requests` resident without answering them: a warm cache, as
+        where documents recur. Later calls over those documents send only their finals."""
+        await self._prefill_all([self._job(request, strategy) for request in requests])
+
     def _module(self, name: str) -> str:
         try:
             return self._modules[name]
