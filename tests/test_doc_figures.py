@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import tables
@@ -119,3 +120,58 @@ def test_accuracy_speed_table_matches_its_results() -> None:
     ]:
         row = _speed_row(label, name, configuration)
         assert row in doc, f"docs/accuracy.md lacks {row!r}"
+
+
+def _result(name: str) -> dict:
+    return json.loads((ROOT / "benchmarks/results" / name).read_text())
+
+
+def _ratio(name: str, configuration: str, max_tokens: int) -> str:
+    ours, stock = _table1_medians(name, configuration), _table1_medians(name, STOCK_FA3)
+    return f"{ours[max_tokens]['samples_per_s'] / stock[max_tokens]['samples_per_s']:.2f}x"
+
+
+def _attention_range(name: str, prefix: str) -> str:
+    ratios = [t["ratio"] for t in _result(name)["times"] if t["case"].startswith(prefix) and "moved" not in t["case"]]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}x"
+
+
+def _readme_figures() -> list[str]:
+    """Every figure README.md quotes, as it must read, computed from its result file."""
+    spans = _result("served-h200-spans.json")
+    long_spans = {r["server"]: r["samples_per_s"] for r in spans["long_spans"]}
+    at_32 = [r for r in spans["figure2"] if r["k"] == 32]
+    cached = statistics.median(r["pic_cached_ttft_s"] for r in at_32 if "pic_cached_ttft_s" in r)
+    uncached = statistics.median(r["stock_uncached_ttft_s"] for r in at_32 if "stock_uncached_ttft_s" in r)
+    moved = next(t["ratio"] for t in _result("attention-h200-f84bf1a-decode.json")["times"] if "moved" in t["case"])
+    replicas = _result("replicas-h200.json")["summary"]
+    return [
+        f"**{_ratio('served-h200-refreshed-heads.json', ISPS, 1)}** stock's samples/s "
+        f"({_ratio('served-h200-refreshed-heads.json', ISPS, 32)} with 32 generated tokens",
+        f"**{_ratio('served-h200.json', ISPS, 1)}** ({_ratio('served-h200.json', ISPS, 32)};",
+        f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
+        f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
+        f"Attention takes {_attention_range('attention-h200-a4b6f6a-hidden-mask.json', 'prefill_')} FA3's time",
+        f"and {_attention_range('attention-h200-f84bf1a-decode.json', 'decode_')} for decode, {moved:.2f}x when",
+        f"hit {replicas['placement_over_one_replica_hit_rate']:.0%} of the spans",
+        f"run {replicas['placement_over_round_robin_samples_per_s']:.2f}x the samples/s",
+    ]
+
+
+def test_readme_figures_match_their_results() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    missing = [figure for figure in _readme_figures() if figure not in readme]
+    assert not missing, f"README.md does not quote these as its results give them: {missing}"
+
+
+def test_scale_out_table_matches_its_results() -> None:
+    doc = (ROOT / "docs/scale-out.md").read_text()
+    data = _result("replicas-h200.json")
+    labels = {"placement": "placement (`SpanAffinity`, KV events)", "round-robin": "round-robin",
+              "one replica": "one replica"}  # fmt: skip
+    for run in data["runs"]:
+        row = (f"| {labels[run['mode']]} | {run['samples_per_s']:.1f} | {run['span_hit_rate']:.0%} | "
+               f"{run['computed_tokens_per_sample']:,.0f} | {run['prefill_prompts']:,} |")  # fmt: skip
+        assert row in doc, f"docs/scale-out.md lacks {row!r}"
+    ratio = data["summary"]["placement_over_round_robin_samples_per_s"]
+    assert f"runs {ratio:.2f}x round-robin's samples/s" in " ".join(doc.split())
