@@ -31,7 +31,7 @@ kind record of each KV block of the tile (`block_kinds.visible`), so hiding adds
 compiled variant: decode and tiles honour it alike. Only requests flagged as having a
 hidden block among their keys (`block_kinds.requests_with_hidden`, made once per step)
 load those records, behind a branch uniform over the program: paid by every request, that
-dependent load slowed decode by 8-13% of FA3's time (docs/benchmarks.md, "Since these figures").
+dependent load slowed decode by 8-13% of FA3's time (docs/benchmarks.md, "Latest").
 
 ``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
 place, which only the benchmarks' no-rotation baseline and its interpreter test use.
