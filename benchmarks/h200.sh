@@ -30,34 +30,34 @@ shift || true
 left=$(( DEADLINE - $(date +%s) ))
 cleanup() { pkill -f "minipic_client.cli serve" ; pkill -f "run_vllm_serve" ; pkill -f "VLLM::" ; true; }
 trap cleanup EXIT
+# A served benchmark: benchmarks/SCRIPT with the model, workload and server flags of every H200
+# run, its JSON at $OUT/NAME-h200.json; the device returns at most 8 files, so the logs and
+# profiles travel as one archive.
+run_served() {
+    local name=$1 script=$2
+    shift 2
+    timeout "$left" python3 "benchmarks/$script" --model "$MODEL" --tokenizer "$MODEL" \
+        --passages /tmp/2wiki_passages.json --out "$OUT/$name-h200.json" \
+        --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
+        --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v Warning
+    (cd "$OUT" && shopt -s nullglob && tar -czf "$name-logs.tar.gz" --remove-files ./*.log ./*.txt)
+}
+
 case $step in
 kernel)
     timeout "$left" python3 benchmarks/attention_kernel.py --out "$OUT/attention-h200.json" "$@" \
         2>&1 | tee "$OUT/attention.log" | grep -v Warning ;;
 served)
-    timeout "$left" python3 benchmarks/served.py --model "$MODEL" --tokenizer "$MODEL" \
-        --passages /tmp/2wiki_passages.json --out "$OUT/served-h200.json" \
-        --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
-        --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/served.log" | grep -v Warning
-    # The device returns at most 8 files: the logs and profiles travel as one archive.
-    (cd "$OUT" && shopt -s nullglob && tar -czf served-logs.tar.gz --remove-files ./*.log ./*.txt) ;;
+    run_served served served.py "$@" ;;
 replicas)
     # Two replicas on the one GPU (docs/scale-out.md): placement vs round-robin vs one replica,
     # stock round-robin, then (if the deadline allows) the eviction pair.
-    timeout "$left" python3 benchmarks/replicas.py --model "$MODEL" --tokenizer "$MODEL" \
-        --passages /tmp/2wiki_passages.json --out "$OUT/replicas-h200.json" --deadline "$DEADLINE" \
-        --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
-        --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/replicas.log" | grep -v Warning
-    (cd "$OUT" && shopt -s nullglob && tar -czf replicas-logs.tar.gz --remove-files ./*.log) ;;
+    run_served replicas replicas.py --deadline "$DEADLINE" "$@" ;;
 load)
     # Latency under load (docs/benchmarks.md): Poisson arrivals at each of --rates, stock FA3
     # then `minipic serve` ISPS; the deadline is split between the servers, rates that would
     # overrun it are skipped (and recorded so).
-    timeout "$left" python3 benchmarks/load_sweep.py --model "$MODEL" --tokenizer "$MODEL" \
-        --passages /tmp/2wiki_passages.json --out "$OUT/load-h200.json" --deadline "$DEADLINE" \
-        --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
-        --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/load.log" | grep -v Warning
-    (cd "$OUT" && shopt -s nullglob && tar -czf load-logs.tar.gz --remove-files ./*.log) ;;
+    run_served load load_sweep.py --deadline "$DEADLINE" "$@" ;;
 test-gpu)
     # The GPU test suite (`make test-gpu`); MINIPIC_COMMIT/MINIPIC_DIRTY name the commit (no git here).
     MINIPIC_GPU_RECORD="$OUT/gpu-test-h200.json" timeout "$left" make test-gpu PYTEST_ARGS="$*" \
