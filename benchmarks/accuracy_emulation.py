@@ -1,0 +1,177 @@
+"""Try a visibility rule before building it: layouts answered in transformers with an explicit mask.
+
+The served harness (`accuracy.py`) measures what MiniPIC computes; this measures what a rule
+*would* give, so an idea costs minutes on the CPU instead of kernel work. Each question's
+prompt is laid out by the SDK exactly as `accuracy.py` sends it (token ids from a CPU
+`minipic serve`'s markers and chat template), then answered greedily by Hugging Face
+transformers (fp32, eager attention) under MiniPIC's rule (`minipic_protocol.visible`: one
+forward pass computes what the server computes with every span cached or not) plus the
+variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
+
+- ``LAYOUT``: ``full`` (the plain prompt), ``block``, ``refreshed`` (`RefreshedHeads`, the
+  default), ``pdep`` (every passage after a PDep: full attention plus markers and padding);
+- ``+hide-pdep``: a PDep marker's key is seen by no other token;
+- ``+hide-spans``: an SSep/HSep marker's key is seen only by its own span;
+- ``+hide-pads``: a pad's key is seen by no other token;
+- ``+pad=ID``: pads are token ``ID`` (an ordinary token) instead of the server's pad marker.
+
+    flock /tmp/minipic-test-server.lock .venv/bin/python benchmarks/accuracy_emulation.py \\
+        --passages ../shared/data/2wiki_passages.json --questions 150 \\
+        --variants full refreshed refreshed+hide-pdep+hide-pads refreshed+pad=198 \\
+        --out benchmarks/results/accuracy-emulation-smollm2-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minipic_client import BlockAttention, Epic, RagRequest, RefreshedHeads, SpanClient, Strategy, Tokenizer
+from minipic_client.prompt import Technique
+from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
+from minipic_protocol.info import ServerInfo
+from minipic_server.launch import local_server
+
+from accuracy_families import Corpus, Question, build_family, extract_facts, is_correct
+from accuracy_layouts import SYSTEM
+from accuracy_stats import versus, wilson
+from provenance import provenance
+
+SERVER_ARGS = ["--dtype", "float32", "--block-size", "16", "--max-model-len", "4096", "--enforce-eager"]
+CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=")
+
+
+def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
+    return {"full": None, "block": BlockAttention(), "refreshed": RefreshedHeads(),
+            "pdep": Epic(k=longest_passage // block_size + 1)}  # fmt: skip
+
+
+def parse_variant(variant: str) -> tuple[str, list[str]]:
+    layout, *changes = variant.split("+")
+    unknown = [c for c in changes if not c.startswith(CHANGES)]
+    if layout not in ("full", "block", "refreshed", "pdep") or unknown:
+        raise SystemExit(f"variant {variant!r}: LAYOUT is full|block|refreshed|pdep, changes {', '.join(CHANGES)}")
+    return layout, changes
+
+
+async def lay_out(url: str, tokenizer: Tokenizer, prompts: Sequence[RagRequest],
+                  layouts: dict[str, Technique | None]) -> tuple[ServerInfo, dict[str, list[list[int]]]]:  # fmt: skip
+    """Each layout's final-prompt token ids, as the SDK builds them for the server at `url`."""
+    async with SpanClient(url, tokenizer=tokenizer) as client:
+        ids = {
+            name: [list(client.rag_layout(RagRequest(p.task, p.docs, p.system, technique=t or BlockAttention()),
+                                          strategy=Strategy.ISPS if t else Strategy.BASELINE).token_ids)
+                   for p in prompts]
+            for name, t in layouts.items()
+        }  # fmt: skip
+        return client.info, ids
+
+
+def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> torch.Tensor:
+    """``[q, k]``: MiniPIC's rule for the prompt, then the variant's hiding changes."""
+    block, markers = info.block_size, (info.ssep_token_id, info.pdep_token_id, info.hsep_token_id)
+    starts = torch.tensor(window_starts_of_prompt(ids, block, *markers))
+    hidden = torch.tensor(hidden_of_prompt(ids, block, *markers))
+    pos, tokens = torch.arange(len(ids)), torch.tensor(ids)
+    own_head = (pos - pos % block)[None, :] == starts[:, None]
+    seen = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= starts[:, None]) & (~hidden[None, :] | own_head)
+    itself = pos[:, None] == pos[None, :]
+    opens_block = pos % block == 0
+    if "hide-pdep" in changes:
+        seen &= ~((tokens == info.pdep_token_id) & opens_block)[None, :] | itself
+    if "hide-spans" in changes:
+        span_marker = ((tokens == info.ssep_token_id) | (tokens == info.hsep_token_id)) & opens_block
+        seen &= ~span_marker[None, :] | (starts[:, None] == pos[None, :])
+    if "hide-pads" in changes:
+        seen &= ~(tokens == info.pad_token_id)[None, :] | itself
+    return seen
+
+
+@torch.no_grad()
+def answer(model, ids: list[int], seen: torch.Tensor, stop: set[int], max_tokens: int) -> list[int]:
+    """Greedy tokens after the prompt; each generated token sees what the prompt's last token sees and itself."""
+    mask = torch.zeros(1, 1, len(ids), len(ids)).masked_fill(~seen, float("-inf"))
+    out = model(input_ids=torch.tensor([ids]), attention_mask=mask, position_ids=torch.arange(len(ids))[None])
+    row, generated = seen[-1], []
+    for step in range(max_tokens):
+        token = int(out.logits[0, -1].argmax())
+        if token in stop:
+            break
+        generated.append(token)
+        row = torch.cat([row, torch.tensor([True])])
+        mask = torch.zeros(1, 1, 1, row.shape[0]).masked_fill(~row, float("-inf"))
+        out = model(input_ids=torch.tensor([[token]]), attention_mask=mask, past_key_values=out.past_key_values,
+                    position_ids=torch.tensor([[len(ids) + step]]))  # fmt: skip
+    return generated
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passages", type=Path, required=True, help="2wiki_passages.json")
+    parser.add_argument("--model", type=Path, help="default: `minipic fetch-model smollm2`")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--family", default="single")
+    parser.add_argument("--questions", type=int, default=150)
+    parser.add_argument("--variants", nargs="+", default=["full", "refreshed"])
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    variants = {v: parse_variant(v) for v in ["full", *(v for v in args.variants if v != "full")]}
+    if args.model is None:
+        from minipic_server.model_fetch import fetch_model
+
+        args.model = fetch_model("smollm2")
+
+    tokenizer = Tokenizer.from_pretrained(args.model)
+    passages = json.loads(args.passages.read_text())
+    corpus = Corpus.of(passages, set())
+    lengths = [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts]
+    corpus.usable = {i for i, n in enumerate(lengths) if n <= 300}  # as accuracy.py's default
+    questions: list[Question] = build_family(args.family, extract_facts(passages), corpus, args.questions, 6, 150,
+                                             random.Random(f"{args.seed}:{args.family}"))  # fmt: skip
+    lengths += [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts[len(lengths):]]
+    longest = max(lengths[i] for q in questions for i in q.passages)
+    prompts = [RagRequest(q.question, tuple(corpus.texts[i] for i in q.passages), SYSTEM) for q in questions]
+    layouts = {layout for layout, _ in variants.values()}
+    wanted = {name: t for name, t in techniques(longest, 16).items() if name in layouts}
+    with local_server(args.model, SERVER_ARGS, args.out.with_suffix(".server.log")) as url:
+        info, token_ids = asyncio.run(lay_out(url, tokenizer, prompts, wanted))
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager").eval()
+    text_of = AutoTokenizer.from_pretrained(args.model)
+    stop = {text_of.eos_token_id, *(i for i in range(len(text_of)) if "\n" in text_of.decode([i]))} - {None}
+    verdicts: dict[str, list[bool]] = {}
+    report: dict[str, dict] = {}
+    for variant, (layout, changes) in variants.items():
+        started = time.perf_counter()
+        pad = next((int(c.removeprefix("pad=")) for c in changes if c.startswith("pad=")), info.pad_token_id)
+        verdicts[variant] = []
+        for question, ids in zip(questions, token_ids[layout]):
+            ids = [pad if t == info.pad_token_id else t for t in ids]
+            generated = answer(model, ids, visibility(ids, info, changes), stop, args.max_tokens)
+            verdicts[variant].append(is_correct(text_of.decode(generated, skip_special_tokens=True), question))
+        correct = sum(verdicts[variant])
+        report[variant] = {"correct": correct, "questions": len(questions),
+                           "accuracy": round(correct / len(questions), 4),
+                           "accuracy_ci95": [round(x, 4) for x in wilson(correct, len(questions))],
+                           "vs_full": versus(verdicts[variant], verdicts["full"]),
+                           "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        print(f"{variant:36} {correct}/{len(questions)}  {report[variant]['vs_full']['difference']:+.3f}", flush=True)
+    result = {"provenance": provenance(), "model": args.model.name, "family": args.family, "dtype": "float32",
+              "markers": {"ssep": info.ssep_token_id, "pdep": info.pdep_token_id, "pad": info.pad_token_id,
+                          "hsep": info.hsep_token_id},
+              "variants": report, "verdicts": verdicts}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The emulation's visibility changes do what their names say (benchmarks/accuracy_emulation.py)."""
+
+from __future__ import annotations
+
+import pytest
+from accuracy_emulation import parse_variant, visibility
+
+from minipic_protocol.info import ServerInfo
+
+SSEP, PDEP, PAD, HSEP, TEXT = 5, 6, 7, 8, 100
+BLOCK = 4
+
+
+def _info() -> ServerInfo:
+    return ServerInfo(block_size=BLOCK, ssep_token_id=SSEP, pdep_token_id=PDEP, pad_token_id=PAD, hsep_token_id=HSEP,
+                      max_num_seqs=1, max_model_len=64, model="m", tokenizer="t", vllm_version="v",
+                      minipic_version="v", instance_id="i")  # fmt: skip
+
+
+# [text x4][SSep text text pad][PDep text text text]
+PROMPT = [TEXT] * 4 + [SSEP, TEXT, TEXT, PAD] + [PDEP, TEXT, TEXT, TEXT]
+
+
+def test_no_change_is_minipic_rule() -> None:
+    seen = visibility(PROMPT, _info(), [])
+    assert seen[6, 4] and not seen[6, 3]  # a span token sees its span's marker, not the text before it
+    assert seen[9, 4] and seen[9, 7] and seen[9, 8]  # after the PDep: everything before, pad and markers included
+
+
+def test_hiding_changes() -> None:
+    seen = visibility(PROMPT, _info(), ["hide-pdep", "hide-spans", "hide-pads"])
+    assert seen[8, 8] and not seen[9, 8]  # the PDep marker: itself only
+    assert seen[6, 4] and not seen[9, 4]  # the SSep marker: its own span only
+    assert seen[7, 7] and not seen[9, 7]  # the pad: itself only
+    assert seen[9, 5] and seen[9, 0]  # ordinary tokens stay visible
+
+
+def test_variants_are_checked() -> None:
+    assert parse_variant("refreshed+pad=198+hide-pads") == ("refreshed", ["pad=198", "hide-pads"])
+    with pytest.raises(SystemExit, match="changes"):
+        parse_variant("refreshed+hide-everything")
