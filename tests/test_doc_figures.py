@@ -175,3 +175,17 @@ def test_scale_out_table_matches_its_results() -> None:
         assert row in doc, f"docs/scale-out.md lacks {row!r}"
     ratio = data["summary"]["placement_over_round_robin_samples_per_s"]
     assert f"runs {ratio:.2f}x round-robin's samples/s" in " ".join(doc.split())
+
+
+def test_emulation_table_matches_its_results() -> None:
+    lines = (ROOT / "docs/accuracy.md").read_text().splitlines()
+    for variant, r in _result("accuracy-emulation-smollm2-cpu.json")["variants"].items():
+        low, high = r["accuracy_ci95"]
+        cells = [f"{pct(r['accuracy'])}% [{pct(low)}, {pct(high)}]"]
+        if variant != "full":
+            versus = r["vs_full"]
+            p = versus["mcnemar_p"]
+            diff = [f"{v * 100:+.1f}" for v in (versus["difference"], *versus["difference_ci95"])]
+            cells.append(f"{diff[0]} [{diff[1]}, {diff[2]}], " + ("p<0.001" if p < 0.001 else f"p={p:.3f}"))
+        row = next((line for line in lines if line.startswith(f"| `{variant}`")), None)
+        assert row is not None and all(f"| {cell} |" in row for cell in cells), (variant, row, cells)
