@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from tables import median_run, table1_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -28,11 +29,14 @@ def served_table1(data: dict, out: Path) -> None:
     tokens = sorted({r["max_tokens"] for r in rows})
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(tokens)
+    groups = table1_runs(rows)
     for j, mt in enumerate(tokens):
-        values = [next((r["samples_per_s"] for r in rows if r["row"] == n and r["max_tokens"] == mt), None)
-                  for n in names]  # fmt: skip
+        runs = [[r["samples_per_s"] for r in groups.get((n, mt), [])] for n in names]
+        values = [median_run(groups[(n, mt)])["samples_per_s"] if (n, mt) in groups else None for n in names]
+        spread = [[(v or 0) - min(r, default=0) for v, r in zip(values, runs)],
+                  [max(r, default=0) - (v or 0) for v, r in zip(values, runs)]]  # fmt: skip
         xs = [i + j * width for i in range(len(names))]
-        bars = ax.bar(xs, [v or 0 for v in values], width, label=f"max_tokens {mt}")
+        bars = ax.bar(xs, [v or 0 for v in values], width, yerr=spread, capsize=2, label=f"max_tokens {mt}")
         ax.bar_label(bars, labels=["not measured" if v is None else f"{v:.1f}" for v in values], fontsize=7)
     ax.axhline(data["unique_token_ceiling_samples_per_s"], color="grey", ls="--", lw=1, label="unique-token ceiling")
     ax.set_xticks([i + width * (len(tokens) - 1) / 2 for i in range(len(names))], names, rotation=20, ha="right",
@@ -232,6 +236,7 @@ def load_sweep(data: dict, out: Path) -> None:
 
 FIGURES = (
     ("served-h200.json", "served-table1.png", served_table1),
+    ("served-h200-refreshed-heads.json", "served-table1-refreshed-heads.png", served_table1),
     ("served-h200-no-reuse.json", "served-table1-no-reuse.png", served_table1),
     ("served-h200-spans.json", "served-figure2.png", served_figure2),
     ("attention-h200.json", "attention-kernel.png", attention),
