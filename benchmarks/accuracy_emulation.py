@@ -45,7 +45,8 @@ from accuracy_layouts import SYSTEM
 from accuracy_stats import versus, wilson
 from provenance import provenance
 
-SERVER_ARGS = ["--dtype", "float32", "--block-size", "16", "--max-model-len", "4096", "--enforce-eager"]
+BLOCK_SIZE = 16
+SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
 CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=")
 
 
@@ -141,7 +142,7 @@ def main() -> None:
     longest = max(lengths[i] for q in questions for i in q.passages)
     prompts = [RagRequest(q.question, tuple(corpus.texts[i] for i in q.passages), SYSTEM) for q in questions]
     layouts = {layout for layout, _ in variants.values()}
-    wanted = {name: t for name, t in techniques(longest, 16).items() if name in layouts}
+    wanted = {name: t for name, t in techniques(longest, BLOCK_SIZE).items() if name in layouts}
     with local_server(args.model, SERVER_ARGS, args.out.with_suffix(".server.log")) as url:
         info, token_ids = asyncio.run(lay_out(url, tokenizer, prompts, wanted))
 
