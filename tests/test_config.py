@@ -138,10 +138,13 @@ def test_info_names_a_local_tokenizer_by_its_absolute_path(tiny_model_dir: Path,
         ({**MARKERS, "hsep_token_id": 100}, {}, "hsep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary"),
         ({**MARKERS, "hsep_token_id": 5000}, {}, "hsep_token_id=5000 is outside the model's embedding table"),
         (MARKERS, {"enable_lora": True}, "does not support LoRA"),
-        (MARKERS, {"kv_offloading_size": 1.0}, r"does not support KV offloading yet \(--kv-offloading-size\)"),
-        (MARKERS, {"kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}},
-         r"does not support KV connectors yet \(--kv-transfer-config"),
+        (MARKERS, {"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}},
+         r"does not support the KV connector LMCacheConnectorV1 yet"),
+        (MARKERS, {"kv_transfer_config": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                                          "kv_connector_extra_config": {"blocks_per_chunk": 4}}},
+         r"needs KV offloading in entries of one block, got blocks_per_chunk=4: "),
         (MARKERS, {"tensor_parallel_size": 2}, "does not support tensor parallelism yet"),
+        (MARKERS, {"enable_prompt_embeds": True}, r"does not support prompt embeddings \(--enable-prompt-embeds\)"),
         (MARKERS, {"kv_cache_dtype": "fp8"}, r"quantized KV cache \(--kv-cache-dtype fp8\)"),
         (MARKERS, {"attention_backend": "FLEX_ATTENTION"}, "--attention-backend FLEX_ATTENTION cannot be used"),
     ],
@@ -152,10 +155,11 @@ def test_engine_config_guards(tiny_model_dir: Path, markers, kwargs, message) ->
 
 
 def test_multimodal_models_are_refused() -> None:
-    model = SimpleNamespace(use_mla=False, is_multimodal_model=True)
+    model = SimpleNamespace(use_mla=False, is_multimodal_model=True, enable_prompt_embeds=False)
     config = SimpleNamespace(
-        model_config=model, cache_config=SimpleNamespace(enable_prefix_caching=True, kv_offloading_size=None),
-        parallel_config=SimpleNamespace(pipeline_parallel_size=1, tensor_parallel_size=1), lora_config=None,
+        model_config=model, cache_config=SimpleNamespace(enable_prefix_caching=True, block_size=16),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1, tensor_parallel_size=1, enable_dbo=False),
+        lora_config=None,
         speculative_config=None, kv_transfer_config=None,
     )
     with pytest.raises(MiniPICConfigError, match="does not support multimodal models"):

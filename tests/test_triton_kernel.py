@@ -65,6 +65,7 @@ CASE_NAMES = [
     "f32_moved_decode_head80",
     "hidden_flag_gates_the_mask",
     "write_kv",
+    "write_kv_gptj",
     "write_then_attend_float32_dense",
     "write_then_attend_float16_dense",
     "write_then_attend_float32_tiles_gptj",

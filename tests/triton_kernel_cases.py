@@ -238,24 +238,28 @@ def _rope_table(rows: int, rot: int, scale: float = 1.0) -> torch.Tensor:
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * scale
 
 
-def write_kv_case(seed: int) -> dict:
+def write_kv_case(seed: int, *, is_neox: bool = True) -> dict:
     """`kv_write.write_kv` equals `write_kv_reference`: strided key/value views of a fused
-    qkv, padding slots (-1) and rows past the slot mapping left alone."""
+    qkv, padding slots (-1), rows past the slot mapping left alone, and blocks written away
+    from their origin (positive and negative write shifts) rotated back on the way."""
     g = torch.Generator().manual_seed(seed)
-    bs, hkv, d, tokens = 16, 3, 64, 40
+    bs, hkv, d, rot, tokens = 16, 3, 64, 48, 40
     qkv = torch.randn(tokens + 4, (2 + 2 * hkv) * d, generator=g)
     key = qkv[:, 2 * d : (2 + hkv) * d].view(tokens + 4, hkv, d)
     value = qkv[:, (2 + hkv) * d :].view(tokens + 4, hkv, d)
     slots = torch.randperm(6 * bs, generator=g)[:tokens]
     slots[[3, 17]] = -1
+    write_shift = torch.tensor([0, 2, 0, -1, 5, 0], dtype=torch.int32)
+    cos_sin = unit_rotation_table(_rope_table(160, rot, 1.0))
     caches = []
     for write in (write_kv_reference, kv_write.write_kv):
         packed = torch.zeros(6, hkv, bs, 2 * d)
         key_cache, value_cache = packed.transpose(1, 2).split(d, dim=-1)
-        write(key, value, key_cache, value_cache, slots)
+        write(key, value, key_cache, value_cache, slots, write_shift, cos_sin, rot, is_neox)
         caches.append(packed)
     max_err = float((caches[0] - caches[1]).abs().max())
-    return {"name": "write_kv", "ok": max_err <= 1e-6, "max_err": max_err, "tol": 1e-6}
+    name = "write_kv" if is_neox else "write_kv_gptj"
+    return {"name": name, "ok": max_err <= 1e-5, "max_err": max_err, "tol": 1e-5}
 
 
 def write_then_attend_case(dtype: torch.dtype, seed: int, *, path: str = "dense", is_neox: bool = True) -> dict:
@@ -274,9 +278,11 @@ def write_then_attend_case(dtype: torch.dtype, seed: int, *, path: str = "dense"
     packed = torch.zeros(24, hkv, bs, 2 * d, dtype=dtype)
     key_cache, value_cache = packed.transpose(1, 2).split(d, dim=-1)
     origin = torch.zeros(24, dtype=torch.int32)
+    write_shift = torch.zeros(24, dtype=torch.int32)
     free = iter(torch.randperm(24, generator=g).tolist())
-    # Request 0 computes 75 tokens (blocks at their origin); request 1 (a decode over 50 keys)
-    # reads its blocks 2-3 first; request 2 (30 new tokens over 90) reads its blocks 0-2 from logical 2 on.
+    # Request 0 computes 75 tokens (blocks at their origin but block 3, stored at origin 1);
+    # request 1 (a decode over 50 keys) reads its blocks 2-3 first; request 2 (30 new tokens
+    # over 90) reads its blocks 0-2 from logical 2 on.
     reuse = {1: {0: 2, 1: 3}, 2: {2: 0, 3: 1, 4: 2}}
     lens = [(75, 75), (50, 1), (90, 30)]
     raw_keys: list[torch.Tensor] = []
@@ -289,10 +295,12 @@ def write_then_attend_case(dtype: torch.dtype, seed: int, *, path: str = "dense"
             source = reuse.get(r, {}).get(b)
             if source is None:
                 block_table[r, b] = next(free)
-                origin[block_table[r, b]] = b
+                write_shift[block_table[r, b]] = 2 if (r, b) == (0, 3) else 0
+                origin[block_table[r, b]] = b - write_shift[block_table[r, b]]
                 pos = torch.arange(b * bs, min(n, (b + 1) * bs))
                 slots = block_table[r, b].long() * bs + pos % bs
-                write(rope(keys[pos], pos), values[pos], key_cache, value_cache, slots)
+                write(rope(keys[pos], pos), values[pos], key_cache, value_cache, slots, write_shift,
+                      unit_rotation_table(table), d, is_neox)
             else:  # the other request's block: its raw keys and values, here
                 block_table[r, b] = block_table[0, source]
                 keys[b * bs : (b + 1) * bs] = raw_keys[0][source * bs : (source + 1) * bs]
@@ -377,6 +385,7 @@ EXTRA_CASES: dict[str, Callable[[], dict]] = {
     "hidden_flag_gates_the_mask": hidden_flag_gates_the_mask_case,
     "decode_over_rotated_keys": lambda: decode_over_rotated_keys_case(35),
     "write_kv": lambda: write_kv_case(30),
+    "write_kv_gptj": lambda: write_kv_case(31, is_neox=False),
     "write_then_attend_float32_dense": lambda: write_then_attend_case(torch.float32, 32),
     "write_then_attend_float16_dense": lambda: write_then_attend_case(torch.float16, 33),
     "write_then_attend_float32_tiles_gptj": lambda: write_then_attend_case(torch.float32, 36, path="tiles",

@@ -1,12 +1,13 @@
-"""Where each physical KV block was computed, and how far a request moves it.
+"""Where each physical KV block's keys are stored, and how far a request moves it.
 
-Keys are cached as the model rotated them, at the positions where they were computed
-(as in stock vLLM), and each physical block records that place as a logical block index,
-its *origin* (`minipic_server.block_recorder` sets it in the step that writes the block's
-first slot). A request that reads a block at its origin (plain prompts, prefix hits, its
-own earlier chunks) uses the keys as they are, so a stock kernel can read the cache
-directly. A cached span placed after a different prefix is *misplaced*: its keys are
-rotated by the shift ``(b - origin) * block_size`` when attended.
+Keys are cached as the model rotated them at a logical block index that the block's hash
+determines, its *origin*: where the block was computed for every block outside a span (as in
+stock vLLM), its offset in its span for a span block (`minipic_server.block_plan`; the cache
+write rotates a span computed elsewhere back to it). A request that reads a block at its
+origin (plain prompts, prefix hits, its own earlier chunks, span prefills) uses the keys as
+they are, so a stock kernel can read the cache directly. A cached span placed after a
+different prefix is *misplaced*: its keys are rotated by the shift ``(b - origin) * block_size``
+when attended.
 """
 
 from __future__ import annotations

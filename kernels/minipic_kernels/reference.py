@@ -10,10 +10,11 @@ Conventions (shared with the Triton kernels):
   ``seq_lens[r] - query_len[r] + i``).
 - ``key_cache`` / ``value_cache``: ``(num_blocks, block_size, num_kv_heads,
   head_size)``, any strides (vLLM hands out strided views of one packed tensor).
-  Keys are stored as the model rotated them, at the position where they were computed,
-  exactly as stock vLLM stores them; `write_kv_reference` only copies.
+  Keys are stored as the model rotated them at their block's *origin*: where they were
+  computed, exactly as stock vLLM stores them, except a block computed ``write_shift``
+  blocks past its origin, whose keys `write_kv_reference` rotates back by that much.
 - ``block_origin``: ``(num_physical_blocks,)`` int32, the logical block index at which
-  each physical block's keys were computed (`minipic_kernels.block_origins`). A block
+  each physical block's keys are stored (`minipic_kernels.block_origins`). A block
   read at its origin (a plain prompt, a prefix hit, a request's own earlier chunks) is
   attended as it is; a block placed elsewhere (a cached span reused after another
   prefix) has its keys rotated by ``(b - block_origin[block]) * block_size``.
@@ -68,8 +69,14 @@ def write_kv_reference(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    write_shift: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    is_neox: bool,
 ) -> None:
-    """Store a step's keys (as the model rotated them) and values; slot -1 is padding.
+    """Store a step's keys and values; slot -1 is padding. A key whose block has a write
+    shift ``s`` (``write_shift``: int32 per physical block, in blocks) is rotated by
+    ``-s * block_size`` positions first, so the block holds its keys at its origin.
 
     ``key``/``value``: ``(num_tokens, num_kv_heads, head_size)``; rows past
     ``slot_mapping``'s length are ignored.
@@ -80,7 +87,13 @@ def write_kv_reference(
     slots = slots[valid].long()
     block_size = key_cache.shape[1]
     blocks, offsets = slots // block_size, slots % block_size
-    key_cache[blocks, offsets] = key[:num_tokens][valid].to(key_cache.dtype)
+    keys = key[:num_tokens][valid]
+    shifts = write_shift[blocks].long() * block_size
+    moved = shifts != 0
+    if bool(moved.any()):
+        keys = keys.clone()
+        keys[moved] = rotate(keys[moved], -shifts[moved], cos_sin, rotary_dim, is_neox).to(keys.dtype)
+    key_cache[blocks, offsets] = keys.to(key_cache.dtype)
     value_cache[blocks, offsets] = value[:num_tokens][valid].to(value_cache.dtype)
 
 

@@ -115,7 +115,10 @@ def _run(
     query = qkv[:, : hq * d].view(num_tokens, hq, d)
     key = qkv[:, hq * d : (hq + hkv) * d].view(num_tokens, hkv, d)
     value = qkv[:, (hq + hkv) * d :].view(num_tokens, hkv, d)
-    write_kv(key, value, key_cache, value_cache, slots)
+    # Every block but the first written at its origin; the first rotated back (both branches).
+    write_shift = torch.zeros(num_blocks, dtype=torch.int32, device=device)
+    write_shift[int(table[0, 0])] = 1
+    write_kv(key, value, key_cache, value_cache, slots, write_shift, cos_sin, shape.rotary_dim, shape.is_neox)
     out = torch.empty(num_tokens, hq, d, device=device, dtype=shape.dtype)
     paged_rope_attention(
         query, key_cache, value_cache, table, qsl.to(device),

@@ -4,7 +4,8 @@ vLLM loads general plugins *inside* ``EngineCore.__init__``, so that first
 constructor call cannot be wrapped. The hooks (installed by `minipic_server.boundary`)
 sit on methods it calls later:
 ``_initialize_kv_caches`` (start-up, with the final KV-cache layout) and
-``preprocess_add_request`` (every request, before its block hashes exist).
+``preprocess_add_request`` (every request, before its block hashes exist; the first one
+also installs gapped hits and the block planner on the engine's scheduler).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from minipic_server.block_plan import install_block_planner
 from minipic_server.boundary import (
     BAD_WORDS,
     ENGINE_HASHER,
@@ -52,6 +54,7 @@ def wrap_preprocess_add_request(original: Callable[..., Any]) -> Callable[..., A
             # The constructor assigns vLLM's own hasher after the KV caches exist.
             patch_instance(REQUEST_BLOCK_HASHER, self, self._minipic_hasher)
             install_gap_scheduling(self)
+            install_block_planner(self, pic)
             if request.sampling_params is not None:
                 ban_markers(request.sampling_params, pic)
         return original(self, request)

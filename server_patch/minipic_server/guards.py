@@ -39,15 +39,16 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
             "MiniPIC does not support tensor parallelism yet: use --tensor-parallel-size 1 "
             "(or several replicas with --data-parallel-size)"
         )
-    if vllm_config.cache_config.kv_offloading_size is not None:
+    check_kv_transfer(vllm_config.kv_transfer_config, vllm_config.cache_config.block_size)
+    if vllm_config.parallel_config.enable_dbo:
         raise MiniPICConfigError(
-            "MiniPIC does not support KV offloading yet (--kv-offloading-size): a block reloaded from CPU "
-            "memory would be read with another block's record of where its keys were computed; drop the flag"
+            "MiniPIC does not support dual-batch overlap (--enable-dbo): block records are set per step, "
+            "not per micro-batch; drop the flag"
         )
-    if vllm_config.kv_transfer_config is not None:
+    if model_config.enable_prompt_embeds:
         raise MiniPICConfigError(
-            "MiniPIC does not support KV connectors yet (--kv-transfer-config: LMCache, Mooncake, offloading, "
-            "P/D): blocks they load would be read with another block's record; drop the flag"
+            "MiniPIC does not support prompt embeddings (--enable-prompt-embeds): markers and block records "
+            "come from token ids; drop the flag"
         )
     if vllm_config.lora_config is not None:
         raise MiniPICConfigError("MiniPIC does not support LoRA adapters yet: remove --enable-lora")
@@ -75,6 +76,37 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
         )
     check_attention_backend(vllm_config.attention_config.backend)
     check_markers(pic, model_config)
+
+
+# The KV connector whose reloaded blocks are proven exact (tests/gpu/test_offload.py): vLLM's own
+# CPU offloading, one CPU entry per GPU block, keyed by that block's hash.
+OFFLOADING_CONNECTOR = "OffloadingConnector"
+
+
+def check_kv_transfer(kv_transfer_config: Any, block_size: int | None) -> None:
+    """Only vLLM's native CPU offloading (``--kv-offloading-size``) with one GPU block per CPU entry.
+
+    A reloaded block gets its records from its hash (`minipic_server.block_plan`), so any
+    store keyed by block hash is exact, as long as an entry never spans two blocks: an entry
+    of several blocks is keyed by its last block's hash, and a span's block hash does not
+    name the span before it.
+    """
+    if kv_transfer_config is None:
+        return
+    if kv_transfer_config.kv_connector != OFFLOADING_CONNECTOR:
+        raise MiniPICConfigError(
+            f"MiniPIC does not support the KV connector {kv_transfer_config.kv_connector} yet (LMCache, Mooncake, "
+            "P/D): only vLLM's native CPU offloading (--kv-offloading-size) is proven exact; drop the flag"
+        )
+    extra = kv_transfer_config.kv_connector_extra_config or {}
+    blocks_per_entry = extra.get("blocks_per_chunk", 1)
+    entry_tokens = extra.get("block_size", block_size)
+    if blocks_per_entry != 1 or entry_tokens != block_size:
+        raise MiniPICConfigError(
+            "MiniPIC needs KV offloading in entries of one block, got "
+            + ", ".join(f"{key}={extra[key]}" for key in ("blocks_per_chunk", "block_size") if key in extra)
+            + ": an entry of several blocks is keyed by its last block alone; drop the setting"
+        )
 
 
 # vLLM's names for MiniPIC's own backends (CUDA: registered as CUSTOM; CPU: replaces CPU_ATTN).

@@ -1,12 +1,11 @@
-"""Worker side of the plugin: attention learns the model's rotation, and each step records its blocks.
+"""Worker side of the plugin: attention learns the model's rotation and the worker's block records.
 
-After vLLM loads a model with PIC active:
-- every layer's attention backend is handed the layer's rotation (`RopeSpec`). The model
-  rotates queries and keys as usual and the cache keeps keys where they were computed;
-  attention re-applies the rotation only to the keys of a block read elsewhere (a reused
-  span), by the distance it moved;
-- the model's forward records, before any attention runs, the kind (SSep, PDep, plain)
-  and origin of every physical block this step starts (`minipic_server.block_recorder`).
+After vLLM loads a model with PIC active, every layer's attention backend is handed the
+layer's rotation (`RopeSpec`) and the worker's `BlockRecords`. The model rotates queries
+and keys as usual; the cache keeps each block's keys at its origin (where stock vLLM
+keeps them, except a span computed inside a longer prompt, stored as if it opened it:
+`minipic_server.block_plan`), and attention re-applies the rotation only to the keys of a
+block read elsewhere (a reused span), by the distance it moved.
 """
 
 from __future__ import annotations
@@ -18,9 +17,9 @@ from torch import nn
 
 from minipic_kernels.reference import unit_rotation_table
 from minipic_server.backends.common import RopeSpec
-from minipic_server.block_recorder import record_each_step
+from minipic_server.block_records import link_block_records
 from minipic_server.boundary import Attention, BaseModelLoader
-from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
+from minipic_server.config import MiniPICConfigError, pic_config_of
 from minipic_server.guards import check_rope_class
 
 
@@ -29,15 +28,14 @@ def wrap_load_model(original: Callable[..., nn.Module]) -> Callable[..., nn.Modu
 
     def load_model(self: BaseModelLoader, vllm_config: Any, model_config: Any, *args: Any, **kwargs: Any):
         model = original(self, vllm_config, model_config, *args, **kwargs)
-        pic = pic_config_of(vllm_config)
-        if pic is not None:
-            make_position_free(model, pic)
+        if pic_config_of(vllm_config) is not None:
+            make_position_free(model)
         return model
 
     return load_model
 
 
-def make_position_free(model: nn.Module, pic: PicConfig) -> None:
+def make_position_free(model: nn.Module) -> None:
     specs: dict[int, RopeSpec] = {}
     for name, module in model.named_modules():
         attn, rope = getattr(module, "attn", None), getattr(module, "rotary_emb", None)
@@ -65,4 +63,4 @@ def make_position_free(model: nn.Module, pic: PicConfig) -> None:
             "MiniPIC could not find the rotary embedding beside attention layers "
             f"{unlinked[:3] or '(none found)'}: this model architecture is not supported"
         )
-    record_each_step(model, pic)
+    link_block_records(model, next(model.parameters()).device)

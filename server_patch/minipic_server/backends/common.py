@@ -10,6 +10,7 @@ import torch
 
 from minipic_kernels.attention import StepPlan
 from minipic_server import boundary
+from minipic_server.block_records import BlockRecords, derive_step
 from minipic_server.boundary import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
 from minipic_server.config import MiniPICConfigError
 
@@ -26,8 +27,9 @@ class RopeSpec:
 
 @dataclass
 class PicAttentionMetadata:
-    """Per-step metadata; ``block_kind``/``block_origin``/``window_starts`` are filled by the
-    step recorder; ``plan`` by builders whose kernels need one (CUDA; routed by the recorder)."""
+    """Per-step metadata; ``block_kind``/``block_origin``/``window_starts``/``moved``/``hidden``
+    are derived from the worker's block records by the step's first attention layer
+    (`block_records.derive_step`); ``plan`` by builders whose kernels need one (CUDA), routed there."""
 
     num_actual_tokens: int
     max_query_len: int
@@ -44,19 +46,10 @@ class PicAttentionMetadata:
     moved: torch.Tensor | None = None  # int8 per request: reads a block away from its origin
     hidden: torch.Tensor | None = None  # int8 per request: a hidden block among its keys
 
-    def recorded_blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This step's block-kind and origin records and window starts; an attention step
-        without them fails."""
-        if self.block_kind is None or self.block_origin is None or self.window_starts is None:
-            raise MiniPICConfigError(
-                "MiniPIC attention ran without this step's block records: the model's forward did not "
-                "go through minipic_server.block_recorder, so span windows and block origins are unknown"
-            )
-        return self.block_kind, self.block_origin, self.window_starts
-
 
 class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
-    """Copies what attention needs out of vLLM's common metadata; windows come later in the step."""
+    """Copies what attention needs out of vLLM's common metadata; the block records are read
+    by the step's first attention layer."""
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -142,16 +135,17 @@ class PositionFreeBackend:
 
 class PositionFreeAttention:
     """The forward pass both backends share; each computes attention in `attend` and writes
-    the cache in ``do_kv_cache_update`` (keys as the model rotated them).
+    the cache in ``do_kv_cache_update``.
 
-    ``pic_rope`` is linked after loading (`position_free.make_position_free`);
-    `PicAttentionMetadata.block_kind`/``block_origin``/``window_starts`` are filled each step.
+    ``pic_rope`` and ``pic_records`` (the worker's `BlockRecords`) are linked after loading
+    (`position_free.make_position_free`).
     """
 
     num_heads: int
     head_size: int
     scale: float
     pic_rope: RopeSpec | None = None
+    pic_records: BlockRecords | None = None
     # The backend's cache write, `minipic_kernels.reference.write_kv_reference`'s signature.
     cache_write: ClassVar[Callable[..., None]]
 
@@ -175,17 +169,23 @@ class PositionFreeAttention:
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Write this step's keys (as the model rotated them) and values into their slots."""
+        """Write this step's keys and values into their slots, each key at its block's origin
+        (rotated back by its block's write shift when computed elsewhere)."""
+        rope, records = self.linked()
+        records.ensure(kv_cache.shape[0])
         key_cache, value_cache = split_kv_cache(kv_cache)
-        self.cache_write(key, value, key_cache, value_cache, slot_mapping)
+        self.cache_write(
+            key, value, key_cache, value_cache, slot_mapping, records.write_shift, rope.unit_cos_sin,
+            rope.rotary_dim, rope.is_neox,
+        )  # fmt: skip
 
-    def linked_rope(self) -> RopeSpec:
-        if self.pic_rope is None:
+    def linked(self) -> tuple[RopeSpec, BlockRecords]:
+        if self.pic_rope is None or self.pic_records is None:
             raise MiniPICConfigError(
                 "MiniPIC attention ran without a linked rotary embedding: the model's layers "
                 "do not expose `rotary_emb` next to `attn`, so reused spans cannot be moved"
             )
-        return self.pic_rope
+        return self.pic_rope, self.pic_records
 
     def profile(self, query: torch.Tensor) -> None:
         """A memory-profiling step (no metadata): allocate what a real step can use at most."""
@@ -207,8 +207,9 @@ class PositionFreeAttention:
         if attn_metadata is None:  # profiling and warm-up runs
             self.profile(query)
             return output.fill_(0)
-        rope = self.linked_rope()
-        attn_metadata.recorded_blocks()
+        rope, records = self.linked()
+        records.ensure(kv_cache.shape[0])
+        derive_step(attn_metadata, records)
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = split_kv_cache(kv_cache)
         self.attend(

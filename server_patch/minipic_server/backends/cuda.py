@@ -92,6 +92,12 @@ class PicTritonAttentionBackend(PositionFreeBackend, TritonAttentionBackend):
         return PicTritonAttentionImpl
 
     @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+        """Blocks, tokens, heads (NHD) whatever a KV connector asks for (CPU offloading asks for
+        HND, which it copies as bytes either way): the layout FlashAttention-3 reads pages in."""
+        return (1, 0, 3, 2, 4) if include_num_layers_dimension else (0, 2, 1, 3)
+
+    @staticmethod
     def get_builder_cls() -> type[PicCudaMetadataBuilder]:
         return PicCudaMetadataBuilder
 

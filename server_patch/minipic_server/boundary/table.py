@@ -110,11 +110,15 @@ REQUEST_BLOCK_HASHER = patch(
 BAD_WORDS = patch(
     "vllm.sampling_params:SamplingParams._bad_words_token_ids",
     "marker ids appended: markers are prompt-only, a generated one would re-window later tokens")
-MODEL_FORWARD = patch(
-    "vllm.model_executor.models.llama:LlamaForCausalLM.forward",
-    "the loaded model's forward wrapped to record each step's block kinds and origins before any layer "
-    "runs (`block_recorder`); token ids and positions are its first arguments",
-    ("self", "input_ids", "positions", "intermediate_tensors", "inputs_embeds"))
+# Block records (`block_plan`, `block_records`): decided by the scheduler, shipped with each step.
+SCHEDULE = patch(
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+    "wrapped per engine: the output carries the records of every block that entered a block table "
+    "this step; arguments (which differ between releases) are passed through")
+STEP_RECORDS = attach("vllm.v1.core.sched.output:SchedulerOutput._minipic_records",
+                      "the step's block records (`block_plan.StepRecords`), read by the worker before the forward")
+REQUEST_RECORDS = attach("vllm.v1.request:Request._minipic_records", "a request's records by logical block")
+ENGINE_PLANNER = attach("vllm.v1.engine.core:EngineCore._minipic_planner", "the engine's BlockPlanner, once installed")
 # MiniPIC's own state on vLLM objects (names vLLM must not use; classes must not be slotted).
 ENGINE_PIC = attach("vllm.v1.engine.core:EngineCore._minipic", "the engine's PicConfig, or None when PIC is off")
 ENGINE_HASHER = attach("vllm.v1.engine.core:EngineCore._minipic_hasher", "the marker-aware hasher built at start-up")
@@ -182,9 +186,6 @@ TABLE: tuple[Intervention, ...] = (
          "minipic_server.warmup_hook:wrap_compile_or_warm_up_model",
          "compile MiniPIC's attention kernels at start-up, before vLLM's JIT monitor starts", ("self",),
          versions=("0.26",)),
-    use("vllm.v1.worker.gpu_worker:Worker.vllm_config", "warm-up: is PIC active", versions=("0.26",)),
-    use("vllm.config.compilation:CompilationConfig.static_forward_context", "warm-up: the attention layers",
-        versions=("0.26",)),
     use("vllm.model_executor.layers.attention.attention:Attention.kv_cache", "warm-up: the layer's block size",
         versions=("0.26",)),
     register_with("vllm.v1.attention.backends.registry:register_backend",
@@ -208,14 +209,21 @@ TABLE: tuple[Intervention, ...] = (
     use("vllm.config.cache:CacheConfig.prefix_caching_hash_algo", "the block hasher uses vLLM's hash function"),
     use("vllm.config.parallel:ParallelConfig.pipeline_parallel_size", "start-up guards"),
     use("vllm.config.parallel:ParallelConfig.tensor_parallel_size", "start-up guards"),
-    use("vllm.config.cache:CacheConfig.kv_offloading_size", "start-up guards: no KV offloading yet"),
+    use("vllm.config.parallel:ParallelConfig.enable_dbo", "start-up guards: records are per step"),
+    use("vllm.config.model:ModelConfig.enable_prompt_embeds", "start-up guards: records come from token ids"),
+    use("vllm.config.cache:CacheConfig.block_size", "start-up guards: KV offloading in entries of one block"),
+    *(use(f"vllm.config.kv_transfer:KVTransferConfig.{name}", "start-up guards: only native CPU offloading")
+      for name in ("kv_connector", "kv_connector_extra_config")),
     *(use(f"vllm.config.vllm:VllmConfig.{name}", "start-up guards; activation")
       for name in ("lora_config", "speculative_config", "additional_config", "attention_config",
                    "kv_transfer_config")),
     # Patched at run time.
     REQUEST_BLOCK_HASHER,
     BAD_WORDS,
-    MODEL_FORWARD,
+    SCHEDULE,
+    STEP_RECORDS,
+    REQUEST_RECORDS,
+    ENGINE_PLANNER,
     ENGINE_PIC,
     ENGINE_HASHER,
     CHAIN_STATE,
@@ -270,10 +278,22 @@ TABLE: tuple[Intervention, ...] = (
     # Position-free model: the rotation attention re-applies to moved keys, and the per-step records.
     *(use(f"{_ROPE}:RotaryEmbedding.{name}", "the rotation attention re-applies to keys of reused spans")
       for name in ("cos_sin_cache", "rotary_dim", "is_neox_style")),
-    use("vllm.forward_context:ForwardContext.slot_mapping", "the slots each step writes (block-kind record)"),
-    use("vllm.forward_context:ForwardContext.attn_metadata", "where the record is handed to the backends"),
-    use("vllm.model_executor.layers.attention.attention:get_attention_context",
-        "a layer's metadata and KV cache for the record", ("layer_name",)),
+    # Block records: the scheduler's new blocks per step, applied by the worker before the forward.
+    use(f"{_SCHED}.requests", "block records: the scheduled requests' tokens"),
+    use(f"{_KV_MANAGER}.block_pool", "block records: the cache size"),
+    use("vllm.v1.core.block_pool:BlockPool.num_gpu_blocks", "block records: the cache size"),
+    use("vllm.v1.core.kv_cache_utils:KVCacheBlock.block_id", "block records are kept by physical block"),
+    *(use(f"vllm.v1.core.sched.output:SchedulerOutput.{name}", "block records: the step's new block ids")
+      for name in ("scheduled_new_reqs", "scheduled_cached_reqs")),
+    use("vllm.v1.core.sched.output:SchedulerOutput.total_num_scheduled_tokens", "block records: an empty step"),
+    *(use(f"vllm.v1.core.sched.output:NewRequestData.{name}", "block records") for name in ("req_id", "block_ids")),
+    *(use(f"vllm.v1.core.sched.output:CachedRequestData.{name}", "block records")
+      for name in ("req_ids", "new_block_ids")),
+    wrap("vllm.v1.worker.gpu_worker:Worker.execute_model", "minipic_server.block_records:wrap_execute_model",
+         "set the step's block records on the device before the forward", ("self", "scheduler_output")),
+    use("vllm.v1.worker.gpu_worker:Worker.vllm_config", "block records and warm-up: is PIC active"),
+    use("vllm.config.compilation:CompilationConfig.static_forward_context",
+        "block records and warm-up: the attention layers"),
     # Attention backends: MiniPIC subclasses vLLM's; vLLM must keep calling these names so.
     override(f"{_ATTN}:AttentionImpl.forward", "attention that moves reused spans' keys to their place", _FORWARD),
     override(f"{_ATTN}:AttentionMetadataBuilder.__init__", "PicMetadataBuilder",
@@ -301,6 +321,9 @@ TABLE: tuple[Intervention, ...] = (
              ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.32",)),
     *(override(f"{_TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", (), versions=("0.26",))
       for name in ("get_name", "get_impl_cls", "get_builder_cls")),
+    override(f"{_TRITON_ATTN}:TritonAttentionBackend.get_kv_cache_stride_order",
+             "PicTritonAttentionBackend keeps NHD pages when CPU offloading asks for HND",
+             ("include_num_layers_dimension",), versions=("0.26",)),
     override(f"{_TRITON_ATTN}:TritonAttentionImpl.__init__",
              "PicTritonAttentionImpl binds these by name (`impl_args`) and refuses what it cannot honour",
              (*_IMPL_ARGS, "use_alibi_sqrt", "chunk_lookback"), versions=("0.26",)),

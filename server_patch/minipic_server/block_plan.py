@@ -1,0 +1,133 @@
+"""Scheduler side of the block records: each block's kind and origin, decided where vLLM allocates it.
+
+A KV block's record is a function of its tokens and where its hash chain starts
+(`minipic_protocol.blocks`): its *kind* from its first prompt token, and its *origin*,
+the canonical logical index its keys are stored at:
+
+- a block in a span (its hash chains from the span's SSep/HSep block, whatever came
+  before): its offset from the span's first block, so the span's keys are stored as if the
+  span opened the prompt, which is where a span prefill computes them;
+- any other block (its hash covers the whole prompt before it, which pins where it sits):
+  its own logical index, where stock vLLM computes and stores it.
+
+Because the origin follows from the hash, a block whose KV arrives without being computed
+here (a prefix hit, an adopted gapped run, a block reloaded from CPU offloading) gets the
+right record from the request that uses it. A block computed away from its origin (a span
+computed inside a longer prompt) is stored normalised: the cache write rotates its keys
+back by ``write_shift`` blocks (`minipic_kernels.kv_write`).
+
+After each ``schedule()`` the engine ships `StepRecords` for every block that entered a
+request's block table this step (new requests, resumed ones, new slots, adopted runs,
+external loads), so the worker sets them before the step's forward
+(`minipic_server.block_records`). Only the block table's newest entries are new, so the
+cost is one record per allocated block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from minipic_protocol.blocks import BlockKind, block_kind_of, in_span, opens_span
+from minipic_server.boundary import ENGINE_PLANNER, REQUEST_RECORDS, SCHEDULE, STEP_RECORDS, Request, patch_instance
+from minipic_server.config import PicConfig
+
+
+@dataclass
+class StepRecords:
+    """The records of the blocks that entered block tables in one step, by physical id.
+
+    ``write_shifts[i]``: logical index minus origin for the request that writes the block
+    (its keys are rotated back by that many blocks when stored); 0 for a block at its origin.
+    """
+
+    num_blocks: int
+    block_ids: list[int] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
+    write_shifts: list[int] = field(default_factory=list)
+
+    def add(self, block_id: int, kind: int, origin: int, logical: int) -> None:
+        self.block_ids.append(block_id)
+        self.kinds.append(kind)
+        self.origins.append(origin)
+        self.write_shifts.append(logical - origin)
+
+
+@dataclass
+class _RequestRecords:
+    """One request's records by logical block, extended as its table grows."""
+
+    kinds: list[BlockKind] = field(default_factory=list)
+    origins: list[int] = field(default_factory=list)
+    in_span: bool = False
+    span_start: int = 0
+
+
+def records_of_request(request: Request, num_blocks: int, block_size: int, pic: PicConfig) -> _RequestRecords:
+    """The request's records for its first ``num_blocks`` logical blocks (cached on it)."""
+    state: _RequestRecords | None = getattr(request, REQUEST_RECORDS.attribute, None)
+    if state is None:
+        state = _RequestRecords()
+        patch_instance(REQUEST_RECORDS, request, state)
+    for index in range(len(state.kinds), num_blocks):
+        start = index * block_size
+        kind = BlockKind.PLAIN  # generated tokens never act as markers (they are banned from sampling)
+        if start < request.num_prompt_tokens:
+            kind = block_kind_of(request.all_token_ids[start], *pic.kind_marker_ids)
+        state.in_span = in_span(kind, state.in_span)
+        if opens_span(kind):
+            state.span_start = index
+        state.kinds.append(kind)
+        state.origins.append(index - state.span_start if state.in_span else index)
+    return state
+
+
+class BlockPlanner:
+    """Ships each step's new block records with the scheduler's output, for one engine."""
+
+    def __init__(self, scheduler: Any, pic: PicConfig) -> None:
+        manager = scheduler.kv_cache_manager
+        self._tables: dict[str, list[Any]] = manager.coordinator.single_type_managers[0].req_to_blocks
+        self._requests: dict[str, Request] = scheduler.requests
+        self._num_blocks: int = manager.block_pool.num_gpu_blocks
+        self._block_size: int = scheduler.block_size
+        self._pic = pic
+
+    def install(self, scheduler: Any) -> None:
+        patch_instance(SCHEDULE, scheduler, self.wrap(scheduler.schedule))
+
+    def wrap(self, schedule: Callable[..., Any]) -> Callable[..., Any]:
+        def schedule_with_records(*args: Any, **kwargs: Any) -> Any:
+            output = schedule(*args, **kwargs)
+            patch_instance(STEP_RECORDS, output, self.records(output))
+            return output
+
+        return schedule_with_records
+
+    def records(self, output: Any) -> StepRecords:
+        step = StepRecords(self._num_blocks)
+        for new in output.scheduled_new_reqs:
+            self._add(step, new.req_id, len(new.block_ids[0]))
+        cached = output.scheduled_cached_reqs
+        for req_id, new_ids in zip(cached.req_ids, cached.new_block_ids):
+            if new_ids is not None and new_ids[0]:
+                self._add(step, req_id, len(new_ids[0]))
+        return step
+
+    def _add(self, step: StepRecords, req_id: str, num_new: int) -> None:
+        """The last ``num_new`` blocks of the request's table are the ones it got this step."""
+        table = self._tables[req_id]
+        records = records_of_request(self._requests[req_id], len(table), self._block_size, self._pic)
+        for logical in range(len(table) - num_new, len(table)):
+            step.add(table[logical].block_id, records.kinds[logical], records.origins[logical], logical)
+
+
+def install_block_planner(engine: Any, pic: PicConfig) -> None:
+    """Once per engine: every scheduler output carries its step's block records."""
+    if getattr(engine, ENGINE_PLANNER.attribute, None) is not None:
+        return
+    planner = BlockPlanner(engine.scheduler, pic)
+    planner.install(engine.scheduler)
+    patch_instance(ENGINE_PLANNER, engine, planner)

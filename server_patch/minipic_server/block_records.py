@@ -1,0 +1,118 @@
+"""Worker side of the block records: one record per physical KV block, set from the scheduler's plan.
+
+Attention sees slots and block tables, never token ids. Each physical block has three
+records on the device: its `BlockKind`, its origin (the logical index its keys are stored
+at) and its write shift (how many blocks the request writing it places it past its
+origin). The scheduler decides them for every block that enters a block table
+(`minipic_server.block_plan`) and ships them with the step; the worker sets them before
+the forward (`wrap_execute_model`), so they hold whether the block's KV was computed this
+step, found in the prefix cache or loaded from elsewhere.
+
+Per step, the first attention layer derives what the kernels read from them
+(`derive_step`): the window start of each logical block, which requests read a block
+away from its origin or have a hidden block among their keys, and, in steps with prefill,
+the routing of requests to kernels (`StepPlan.routed`, one small host sync). The derivation
+is graph-safe tensor work over persistent buffers, so decode batches are captured whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minipic_kernels.block_kinds import (
+    hidden_per_block,
+    requests_with_hidden,
+    requests_with_masks,
+    window_starts_per_block,
+)
+from minipic_kernels.block_origins import misplaced_requests
+from minipic_server.block_plan import StepRecords
+from minipic_server.boundary import STEP_RECORDS, Attention
+from minipic_server.config import MiniPICConfigError, pic_config_of
+
+
+class BlockRecords:
+    """The per-physical-block records of one worker's KV cache (allocated on first use)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.kind = torch.zeros(0, dtype=torch.int8, device=device)
+        self.origin = torch.zeros(0, dtype=torch.int32, device=device)
+        self.write_shift = torch.zeros(0, dtype=torch.int32, device=device)
+
+    def ensure(self, num_blocks: int) -> None:
+        """Allocate once the cache size is known; the tensors then never move (CUDA graphs read them)."""
+        if self.kind.shape[0] == num_blocks:
+            return
+        if self.kind.shape[0]:
+            raise MiniPICConfigError(
+                f"the KV cache has {num_blocks} blocks, but its block records were made for {self.kind.shape[0]}"
+            )
+        self.kind = torch.zeros(num_blocks, dtype=torch.int8, device=self.device)
+        self.origin = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
+        self.write_shift = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
+
+    def apply(self, step: StepRecords) -> None:
+        """Set the records the scheduler shipped with this step (one host-to-device copy)."""
+        self.ensure(step.num_blocks)
+        if not step.block_ids:
+            return
+        packed = torch.tensor(
+            [step.block_ids, step.kinds, step.origins, step.write_shifts], dtype=torch.int32
+        ).to(self.device, non_blocking=True)
+        ids = packed[0].long()
+        self.kind.index_copy_(0, ids, packed[1].to(torch.int8))
+        self.origin.index_copy_(0, ids, packed[2])
+        self.write_shift.index_copy_(0, ids, packed[3])
+
+
+def derive_step(metadata: Any, records: BlockRecords) -> None:
+    """Fill a step's metadata from the records, once per step (the first layer's call)."""
+    if metadata.window_starts is not None:
+        return
+    if not records.kind.shape[0]:
+        raise MiniPICConfigError("MiniPIC attention ran before the KV cache's block records were allocated")
+    size, table, seq_lens = metadata.block_size, metadata.block_table, metadata.seq_lens
+    hidden_blocks = hidden_per_block(table, records.kind)
+    metadata.block_kind, metadata.block_origin = records.kind, records.origin
+    metadata.window_starts = window_starts_per_block(table, records.kind, size)
+    metadata.moved = misplaced_requests(table, records.origin, seq_lens, size)
+    metadata.hidden = requests_with_hidden(hidden_blocks, seq_lens, size)
+    if metadata.plan is not None and metadata.plan.has_prefill:
+        masked = requests_with_masks(metadata.window_starts, hidden_blocks, metadata.query_start_loc, seq_lens, size)
+        metadata.plan = metadata.plan.routed(masked, metadata.moved, seq_lens)
+
+
+def link_block_records(model: torch.nn.Module, device: torch.device) -> BlockRecords:
+    """One `BlockRecords` for the worker, shared by every attention layer of the model."""
+    records = BlockRecords(device)
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.impl.pic_records = records
+    return records
+
+
+def records_of_worker(vllm_config: Any) -> BlockRecords:
+    """The worker's records, found through its first attention layer."""
+    for layer in vllm_config.compilation_config.static_forward_context.values():
+        records = getattr(getattr(layer, "impl", None), "pic_records", None)
+        if records is not None:
+            return records
+    raise MiniPICConfigError("MiniPIC is active but no attention layer holds block records")
+
+
+def wrap_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The worker's step entry (`minipic_server.boundary`): set the shipped records before the forward."""
+
+    def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        step = getattr(scheduler_output, STEP_RECORDS.attribute, None)
+        if step is not None:
+            records_of_worker(self.vllm_config).apply(step)
+        elif pic_config_of(self.vllm_config) is not None and scheduler_output.total_num_scheduled_tokens:
+            raise MiniPICConfigError("a step reached the worker without MiniPIC's block records")
+        return original(self, scheduler_output, *args, **kwargs)
+
+    return execute_model

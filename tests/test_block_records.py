@@ -1,0 +1,94 @@
+"""Block records decided on the scheduler side and set on the worker (the server tests run them end to end)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minipic_protocol.blocks import BlockKind, kinds_of_prompt, span_openers
+from minipic_server.backends.common import PicAttentionMetadata
+from minipic_server.block_plan import BlockPlanner, StepRecords, records_of_request
+from minipic_server.block_records import BlockRecords, derive_step, wrap_execute_model
+from minipic_server.config import CONFIG_KEY, MiniPICConfigError, PicConfig
+
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
+BS = 4
+
+
+def request(prompt: list[int], generated: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(all_token_ids=prompt + [9] * generated, num_prompt_tokens=len(prompt))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_origins_are_offsets_in_the_span_or_the_block_itself(seed: int) -> None:
+    """The origin of each block against the protocol's span openers: a span block is stored as if its
+    span opened the prompt, any other block where it sits; generated blocks continue the last one."""
+    rng = random.Random(seed)
+    prompt = [rng.choice([1, 2, 4, 7, 8, 9]) if i % BS == 0 else 9 for i in range(rng.randrange(1, 60))]
+    req = request(prompt, generated=rng.randrange(0, 12))
+    num_blocks = -(-len(req.all_token_ids) // BS)
+    kinds = kinds_of_prompt(prompt, BS, *PIC.kind_marker_ids)
+    kinds += [BlockKind.PLAIN] * (num_blocks - len(kinds))
+    expected = [b if opener is None else b - opener for b, opener in enumerate(span_openers(kinds))]
+    split = rng.randrange(0, num_blocks + 1)  # records are extended as the table grows
+    records_of_request(req, split, BS, PIC)
+    records = records_of_request(req, num_blocks, BS, PIC)
+    assert records.kinds == kinds
+    assert records.origins == expected
+
+
+def planner(tables: dict[str, list[int]], requests: dict[str, SimpleNamespace]) -> BlockPlanner:
+    blocks = {rid: [SimpleNamespace(block_id=b) for b in ids] for rid, ids in tables.items()}
+    manager = SimpleNamespace(
+        coordinator=SimpleNamespace(single_type_managers=[SimpleNamespace(req_to_blocks=blocks)]),
+        block_pool=SimpleNamespace(num_gpu_blocks=64),
+    )
+    return BlockPlanner(SimpleNamespace(kv_cache_manager=manager, requests=requests, block_size=BS), PIC)
+
+
+def test_a_step_ships_the_records_of_the_blocks_that_entered_tables() -> None:
+    # "new": [sys][SSep a a][PDep q] on blocks 10-13; "running": its last two blocks are new this step.
+    new = request([5, 9, 9, 9, 1, 9, 9, 9, 9, 9, 9, 9, 2, 9])
+    running = request([1, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], generated=5)
+    plan = planner({"new": [10, 11, 12, 13], "running": [20, 21, 22, 23, 24]}, {"new": new, "running": running})
+    output = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="new", block_ids=([10, 11, 12, 13],))],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=["running", "idle"], new_block_ids=[([23, 24],), None]),
+    )
+    step = plan.records(output)
+    assert step == StepRecords(
+        num_blocks=64,
+        block_ids=[10, 11, 12, 13, 23, 24],
+        kinds=[BlockKind.PLAIN, BlockKind.SSEP, BlockKind.PLAIN, BlockKind.PDEP, BlockKind.PLAIN, BlockKind.PLAIN],
+        origins=[0, 0, 1, 3, 3, 4],
+        write_shifts=[0, 1, 1, 0, 0, 0],
+    )
+
+
+def test_the_worker_sets_shipped_records_and_derives_the_step_from_them() -> None:
+    records = BlockRecords(torch.device("cpu"))
+    records.apply(StepRecords(8, [3, 5, 6], [BlockKind.SSEP, BlockKind.PLAIN, BlockKind.PDEP], [0, 1, 3], [1, 1, 0]))
+    assert records.kind.tolist() == [0, 0, 0, 1, 0, 0, 2, 0]
+    assert records.origin.tolist() == [0, 0, 0, 0, 0, 1, 3, 0]
+    assert records.write_shift.tolist() == [0, 0, 0, 1, 0, 1, 0, 0]
+    # Request 0 reads [sys 7][span 3 5][PDep 6] (the span moved by one block); request 1 reads block 7 at origin.
+    table = torch.tensor([[7, 3, 5, 6], [7, 0, 0, 0]], dtype=torch.int32)
+    metadata = PicAttentionMetadata(
+        5, 4, 16, 4, torch.tensor([0, 4, 5]), torch.tensor([16, 3]), table, torch.zeros(5, dtype=torch.long)
+    )
+    derive_step(metadata, records)
+    assert metadata.window_starts.tolist() == [[-1, 4, 4, -1], [-1, -1, -1, -1]]
+    assert metadata.moved.tolist() == [1, 0]
+    with pytest.raises(MiniPICConfigError, match="made for 8"):
+        records.ensure(9)
+
+
+def test_a_step_without_records_is_refused_when_pic_is_active() -> None:
+    worker = SimpleNamespace(vllm_config=SimpleNamespace(additional_config={CONFIG_KEY: PIC.markers}))
+    execute = wrap_execute_model(lambda self, output: "ran")
+    with pytest.raises(MiniPICConfigError, match="without MiniPIC's block records"):
+        execute(worker, SimpleNamespace(total_num_scheduled_tokens=3))
+    assert execute(worker, SimpleNamespace(total_num_scheduled_tokens=0)) == "ran"
