@@ -161,8 +161,35 @@ def _config(tok: Tokenizer) -> dict:
     }
 
 
+def _qwen2_config(tok: Tokenizer) -> dict:
+    """A Qwen2 look-alike on the same tokenizer: biased q/k/v projections, 8 query heads over 2
+    KV heads of 32 lanes, RoPE base 1e6 without scaling: the other shape the guards accept."""
+    llama = _config(tok)
+    cfg = {key: llama[key] for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "hidden_act",
+        "max_position_embeddings", "tie_word_embeddings", "initializer_range", "torch_dtype", "dtype",
+        "bos_token_id", "eos_token_id", "pad_token_id")}  # fmt: skip
+    return {
+        **cfg,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": cfg["num_hidden_layers"],
+    }
+
+
+ARCHITECTURES = {"llama": _config, "qwen2": _qwen2_config}
+
+
 def _weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded N(0, 0.02) matrices and unit RMSNorm gains, under Hugging Face Llama names."""
+    """Seeded N(0, 0.02) matrices (and q/k/v biases for Qwen2) and unit RMSNorm gains, under
+    Hugging Face names."""
     gen = torch.Generator().manual_seed(seed)
     hidden, inter, head_dim = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     q_dim = cfg["num_attention_heads"] * head_dim
@@ -178,6 +205,9 @@ def _weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
         w[p + "self_attn.k_proj.weight"] = normal(kv_dim, hidden)
         w[p + "self_attn.v_proj.weight"] = normal(kv_dim, hidden)
         w[p + "self_attn.o_proj.weight"] = normal(hidden, q_dim)
+        if cfg["model_type"] == "qwen2":
+            for name, dim in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                w[p + f"self_attn.{name}_proj.bias"] = normal(1, dim)[0]
         w[p + "mlp.gate_proj.weight"] = normal(inter, hidden)
         w[p + "mlp.up_proj.weight"] = normal(inter, hidden)
         w[p + "mlp.down_proj.weight"] = normal(hidden, inter)
@@ -192,15 +222,16 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def make_tiny_model(directory: str | os.PathLike, *, seed: int = 0) -> Path:
+def make_tiny_model(directory: str | os.PathLike, *, seed: int = 0, architecture: str = "llama") -> Path:
     """Write the tiny model (config, weights, tokenizer) into `directory`; return its path.
 
     `seed` only changes the weights: the tokenizer is the same for every seed.
+    `architecture`: one of `ARCHITECTURES` (Llama 3 by default).
     """
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
-    cfg = _config(tok)
+    cfg = ARCHITECTURES[architecture](tok)
 
     tok.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", {
