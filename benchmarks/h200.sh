@@ -63,6 +63,8 @@ test-gpu)
     MINIPIC_GPU_RECORD="$OUT/gpu-test-h200.json" timeout "$left" make test-gpu PYTEST_ARGS="$*" \
         >"$OUT/test-gpu.log" 2>&1
     status=$?
+    # The servers' own logs (the root cause of a failed start is there, not in pytest's tail).
+    tar czf "$OUT/test-gpu-server-logs.tgz" /tmp/pytest-of-*/pytest-current/server-logs* 2>/dev/null
     tail -n 40 "$OUT/test-gpu.log"
     exit $status ;;
 accuracy)

@@ -49,7 +49,7 @@ def _write_kv_kernel(
             cos = tl.load(row + column, mask=rotates, other=1.0)
             sin = tl.load(row + ROT_HALF + column, mask=rotates, other=0.0) * tl.where(shift > 0, -1.0, 1.0)
             other = _load_rows(k_rows, partner, stride_kd, head_ok, rotates)
-            k = k.to(tl.float32) * cos[None, :] + other.to(tl.float32) * (sin * sign)[None, :]
+            k = (k.to(tl.float32) * cos[None, :] + other.to(tl.float32) * (sin * sign)[None, :]).to(k.dtype)
     v = _load_rows(v_ptr + token * stride_vt + heads * stride_vh, offs_d, stride_vd, head_ok, d_ok)
     kc_rows = k_cache_ptr + block * stride_kcb + offset * stride_kcs + heads * stride_kch
     vc_rows = v_cache_ptr + block * stride_vcb + offset * stride_vcs + heads * stride_vch
