@@ -44,6 +44,8 @@ def warm_up_attention(vllm_config: Any) -> None:
         kv_cache = getattr(layer, "kv_cache", None)
         if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4:
             block_size = kv_cache.shape[2]  # (blocks, kv heads, block size, 2 * head size)
+            if impl.pic_records is not None:  # before any CUDA graph is captured over them
+                impl.pic_records.ensure(kv_cache.shape[0])
         shape = LayerShape(
             num_q_heads=impl.num_heads,
             num_kv_heads=impl.num_kv_heads,
