@@ -3,104 +3,41 @@
 vLLM has no extension point for what PIC changes (block hashing, per-block records
 of where keys were computed, the attention backend choice), so the plugin wraps a few
 private vLLM attributes, patches a few objects at run time, subclasses vLLM's
-attention backends and reads some private APIs. Each `Intervention` below names
-the vLLM attribute, what MiniPIC does with it, why, and the vLLM releases it was
-checked on. `install` puts the class-level hooks in place (from
+attention backends and reads some private APIs. Each `Intervention` names the vLLM
+attribute, what MiniPIC does with it and why. This module holds the ones every
+supported release shares; ``v0_26`` and ``v0_32`` hold each release's own (`TABLE` is
+all of them). `install` puts the class-level hooks in place (from
 `minipic_server.plugin.register`); `patch_instance` applies the run-time ones;
 ``tests/test_vllm_contract.py`` checks every entry, attribute and signature,
 against the source of each supported release. Porting to a new vLLM means
-running those tests against it and editing this file.
+running those tests against it and adding a module for it.
 """
 
 from __future__ import annotations
 
-import enum
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from minipic_server.boundary.versions import SUPPORTED_VLLM, UnsupportedVLLMError
+from minipic_server.boundary import v0_26, v0_32
+from minipic_server.boundary.interventions import (
+    ATTN,
+    FORWARD,
+    KV_UTILS,
+    ONLINE,
+    ROPE,
+    SALT_POLICY,
+    SALT_WHY,
+    How,
+    Intervention,
+    attach,
+    override,
+    patch,
+    use,
+    wrap,
+)
+from minipic_server.boundary.versions import UnsupportedVLLMError
 from minipic_server.patching import wrap_attribute
-
-ALL = tuple(SUPPORTED_VLLM)
-
-
-class How(enum.Enum):
-    WRAP = "wrapped"  # at start-up, ``Owner.attribute = hook(original)`` (`patching.wrap_attribute`)
-    REGISTER = "registered"  # at start-up, ``hook()`` adds MiniPIC to this vLLM registry
-    PATCH = "patched"  # at run time, set on vLLM objects through `patch_instance`
-    ATTACH = "attached"  # at run time, MiniPIC's own state kept on vLLM objects under a new name
-    OVERRIDE = "overridden"  # a MiniPIC subclass overrides it; vLLM must keep calling it so
-    USE = "used"  # a private vLLM API MiniPIC calls or reads
-
-
-@dataclass(frozen=True)
-class Intervention:
-    """One touch of vLLM: ``target`` is ``module:Class.attribute`` or ``module:name``.
-
-    ``params`` are the target's parameter names (self/cls included); the contract
-    tests require them exactly; ``keywords`` are the ones MiniPIC passes by name to a
-    function with a long signature (each must still exist). ``hook`` is ``module:function`` for WRAP and
-    REGISTER. ``on_current_platform``: wrap the attribute on the class of vLLM's
-    ``current_platform`` (a subclass of the target's class), where vLLM looks it up.
-    """
-
-    how: How
-    target: str
-    why: str
-    params: tuple[str, ...] | None = None
-    hook: str | None = None
-    keywords: tuple[str, ...] = ()
-    versions: tuple[str, ...] = ALL
-    on_current_platform: bool = False
-
-    @property
-    def module(self) -> str:
-        return self.target.partition(":")[0]
-
-    @property
-    def qualname(self) -> str:
-        return self.target.partition(":")[2]
-
-    @property
-    def attribute(self) -> str:
-        return self.qualname.rpartition(".")[2]
-
-
-def wrap(target: str, hook: str, why: str, params: tuple[str, ...], **kw: Any) -> Intervention:
-    return Intervention(How.WRAP, target, why, params, hook, **kw)
-
-
-def register_with(target: str, hook: str, why: str, params: tuple[str, ...], **kw: Any) -> Intervention:
-    return Intervention(How.REGISTER, target, why, params, hook, **kw)
-
-
-def patch(target: str, why: str, params: tuple[str, ...] | None = None, **kw: Any) -> Intervention:
-    return Intervention(How.PATCH, target, why, params, **kw)
-
-
-def attach(target: str, why: str, **kw: Any) -> Intervention:
-    return Intervention(How.ATTACH, target, why, **kw)
-
-
-def override(target: str, why: str, params: tuple[str, ...] | None = None, **kw: Any) -> Intervention:
-    return Intervention(How.OVERRIDE, target, why, params, **kw)
-
-
-def use(target: str, why: str, params: tuple[str, ...] | None = None, **kw: Any) -> Intervention:
-    return Intervention(How.USE, target, why, params, **kw)
-
-
-_ATTN = "vllm.v1.attention.backend"
-_CPU_ATTN = "vllm.v1.attention.backends.cpu_attn"
-_TRITON_ATTN = "vllm.v1.attention.backends.triton_attn"
-_KV_UTILS = "vllm.v1.core.kv_cache_utils"
-_ROPE = "vllm.model_executor.layers.rotary_embedding.base"
-_FORWARD = ("self", "layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "output_scale",
-            "output_block_scale")
-_IMPL_ARGS = ("self", "num_heads", "head_size", "scale", "num_kv_heads", "alibi_slopes", "sliding_window",
-              "kv_cache_dtype", "logits_soft_cap", "attn_type", "kv_sharing_target_layer_name", "sinks")
 
 # Patched at run time (`patch_instance` takes these).
 REQUEST_BLOCK_HASHER = patch(
@@ -141,13 +78,8 @@ SCHEDULER_ALLOCATE_SLOTS = patch(
     "differ between releases, are passed through", keywords=("request", "num_new_tokens"))
 ENGINE_GAPS = attach("vllm.v1.engine.core:EngineCore._minipic_gaps", "the engine's GapScheduling, once installed")
 
-_PICK_BACKEND = "minipic_server.backend_selection:wrap_get_attn_backend_cls"
-_ONLINE = "vllm.renderers.online_renderer"
-_SALT_POLICY = "minipic_server.salt_policy:wrap_render"
-_SALT_WHY = "minipic.require_cache_salt: a request without a cache salt gets a 400 before it is rendered"
-_PICK_BACKEND_PARAMS = ("cls", "selected_backend", "attn_selector_config", "num_heads")
 
-TABLE: tuple[Intervention, ...] = (
+COMMON: tuple[Intervention, ...] = (
     # Hooks installed at start-up.
     wrap("vllm.engine.arg_utils:EngineArgs.create_engine_config", "minipic_server.startup:wrap_create_engine_config",
          "refuse configurations PIC cannot serve before the engine starts; log the start-up block; "
@@ -155,13 +87,10 @@ TABLE: tuple[Intervention, ...] = (
     wrap("vllm.renderers.registry:RendererRegistry.load_renderer", "minipic_server.marker_text:wrap_load_renderer",
          "renderers get a tokenizer that turns marker strings in text into ordinary text: markers count only "
          "in token-id prompts", ("self", "renderer_mode", "config", "tokenizer")),
-    *(wrap(f"{_ONLINE}:OnlineRenderer.{name}", _SALT_POLICY, _SALT_WHY, ("self", "request", "skip_mm_cache"))
+    *(wrap(f"{ONLINE}:OnlineRenderer.{name}", SALT_POLICY, SALT_WHY, ("self", "request", "skip_mm_cache"))
       for name in ("render_completion", "render_chat")),
-    wrap(f"{_ONLINE}:OnlineRenderer.render_responses", _SALT_POLICY, _SALT_WHY,
-         ("self", "request", "previous_messages", "previous_response_outputs", "tool_server", "skip_mm_cache"),
-         versions=("0.32",)),
-    use(f"{_ONLINE}:OnlineRenderer.renderer", "require_cache_salt: the engine's renderer"),
-    use(f"{_ONLINE}:OnlineRenderer.create_error_response",
+    use(f"{ONLINE}:OnlineRenderer.renderer", "require_cache_salt: the engine's renderer"),
+    use(f"{ONLINE}:OnlineRenderer.create_error_response",
         "require_cache_salt: vLLM's own 400 answer", keywords=("param",)),
     use("vllm.renderers.base:BaseRenderer.config", "require_cache_salt: the engine's configuration"),
     *(use(f"vllm.entrypoints.openai.{kind}.protocol:{name}.cache_salt", "require_cache_salt: the request's salt")
@@ -176,22 +105,6 @@ TABLE: tuple[Intervention, ...] = (
     wrap("vllm.model_executor.model_loader.base_loader:BaseModelLoader.load_model",
          "minipic_server.position_free:wrap_load_model",
          "make the loaded model position-free", ("self", "vllm_config", "model_config", "prefix")),
-    wrap("vllm.platforms.cpu:CpuPlatform.get_attn_backend_cls", _PICK_BACKEND,
-         "route attention to MiniPIC's CPU backend while PIC is active, refuse other choices",
-         _PICK_BACKEND_PARAMS, versions=("0.32",), on_current_platform=True),
-    wrap("vllm.platforms.cuda:CudaPlatformBase.get_attn_backend_cls", _PICK_BACKEND,
-         "route attention to MiniPIC's CUDA backend while PIC is active, refuse other choices",
-         _PICK_BACKEND_PARAMS, versions=("0.26",), on_current_platform=True),
-    wrap("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
-         "minipic_server.warmup_hook:wrap_compile_or_warm_up_model",
-         "compile MiniPIC's attention kernels at start-up, before vLLM's JIT monitor starts", ("self",),
-         versions=("0.26",)),
-    use("vllm.model_executor.layers.attention.attention:Attention.kv_cache", "warm-up: the layer's block size",
-        versions=("0.26",)),
-    register_with("vllm.v1.attention.backends.registry:register_backend",
-                  "minipic_server.backend_selection:register_cuda_backend",
-                  "the CUDA backend reports itself as CUSTOM; vLLM maps that name back through the registry",
-                  ("backend", "class_path", "is_mamba"), versions=("0.26",)),
     use("vllm.v1.attention.backends.registry:AttentionBackendEnum.CUSTOM", "the name the CUDA backend registers"),
     wrap("vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
          "minipic_server.metrics:wrap_update_stats_from_finished",
@@ -252,31 +165,19 @@ TABLE: tuple[Intervention, ...] = (
     use("vllm.v1.request:RequestStatus.RUNNING", "gapped hits adopt runs for running requests only"),
     *(use(f"vllm.v1.metrics.stats:PrefillStats.{name}", "gapped hits: adopted tokens are reported as cached")
       for name in ("num_cached_tokens", "num_local_cached_tokens", "num_computed_tokens")),
-    wrap("vllm.v1.worker.gpu.model_runner:GPUModelRunner.update_requests",
-         "minipic_server.gapped_hits:wrap_update_requests",
-         "copy a prefilling request's computed count to the device, where the V2 runner otherwise only adds "
-         "each step's tokens (gapped hits move it past adopted runs)", ("self", "scheduler_output"),
-         versions=("0.26",)),
-    *(use(f"vllm.v1.worker.gpu.states:RequestState.{name}", "gapped hits: the device-side computed count",
-          versions=("0.26",)) for name in ("req_id_to_index", "prefill_len", "num_computed_tokens")),
-    *(use(f"vllm.v1.worker.gpu.model_runner:GPUModelRunner.{name}", "gapped hits", versions=("0.26",))
-      for name in ("vllm_config", "req_states")),
-    use("vllm.v1.core.sched.output:SchedulerOutput.scheduled_cached_reqs", "gapped hits", versions=("0.26",)),
-    *(use(f"vllm.v1.core.sched.output:CachedRequestData.{name}", "gapped hits", versions=("0.26",))
-      for name in ("req_ids", "num_computed_tokens")),
     # Block hashing (engine core) reads vLLM's hash chain and request state.
-    use(f"{_KV_UTILS}:hash_block_tokens", "hash a block on a parent MiniPIC chooses",
+    use(f"{KV_UTILS}:hash_block_tokens", "hash a block on a parent MiniPIC chooses",
         ("hash_function", "parent_block_hash", "curr_block_token_ids", "extra_keys")),
-    use(f"{_KV_UTILS}:generate_block_hash_extra_keys", "keep vLLM's extra keys (LoRA, salt, embeddings)",
+    use(f"{KV_UTILS}:generate_block_hash_extra_keys", "keep vLLM's extra keys (LoRA, salt, embeddings)",
         ("request", "start_token_idx", "end_token_idx", "start_mm_idx")),
-    use(f"{_KV_UTILS}:NONE_HASH", "the parent of an SSep block, salted like vLLM's first block"),
-    use(f"{_KV_UTILS}:resolve_kv_cache_block_sizes", "the hash block size", ("kv_cache_config", "vllm_config")),
+    use(f"{KV_UTILS}:NONE_HASH", "the parent of an SSep block, salted like vLLM's first block"),
+    use(f"{KV_UTILS}:resolve_kv_cache_block_sizes", "the hash block size", ("kv_cache_config", "vllm_config")),
     use("vllm.utils.hashing:get_hash_fn_by_name", "vLLM's configured block hash function", ("hash_fn_name",)),
     *(use(f"vllm.v1.request:Request.{name}", "read by the block hasher")
       for name in ("block_hashes", "all_token_ids", "num_prompt_tokens", "num_tokens", "cache_salt", "mm_features")),
     use("vllm.v1.engine:EngineCoreRequest.sampling_params", "where markers are banned"),
     # Position-free model: the rotation attention re-applies to moved keys, and the per-step records.
-    *(use(f"{_ROPE}:RotaryEmbedding.{name}", "the rotation attention re-applies to keys of reused spans")
+    *(use(f"{ROPE}:RotaryEmbedding.{name}", "the rotation attention re-applies to keys of reused spans")
       for name in ("cos_sin_cache", "rotary_dim", "is_neox_style")),
     # Block records: the scheduler's new blocks per step, applied by the worker before the forward.
     use(f"{_SCHED}.requests", "block records: the scheduled requests' tokens"),
@@ -295,63 +196,23 @@ TABLE: tuple[Intervention, ...] = (
     use("vllm.config.compilation:CompilationConfig.static_forward_context",
         "block records and warm-up: the attention layers"),
     # Attention backends: MiniPIC subclasses vLLM's; vLLM must keep calling these names so.
-    override(f"{_ATTN}:AttentionImpl.forward", "attention that moves reused spans' keys to their place", _FORWARD),
-    override(f"{_ATTN}:AttentionMetadataBuilder.__init__", "PicMetadataBuilder",
+    override(f"{ATTN}:AttentionImpl.forward", "attention that moves reused spans' keys to their place", FORWARD),
+    override(f"{ATTN}:AttentionMetadataBuilder.__init__", "PicMetadataBuilder",
              ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")),
-    override(f"{_ATTN}:AttentionMetadataBuilder.build", "PicMetadataBuilder",
+    override(f"{ATTN}:AttentionMetadataBuilder.build", "PicMetadataBuilder",
              ("self", "common_prefix_len", "common_attn_metadata", "fast_build")),
-    override(f"{_ATTN}:AttentionMetadataBuilder._cudagraph_support", "full CUDA graphs for decode"),
-    *(use(f"{_ATTN}:CommonAttentionMetadata.{name}", "copied into PicAttentionMetadata")
+    override(f"{ATTN}:AttentionMetadataBuilder._cudagraph_support", "full CUDA graphs for decode"),
+    *(use(f"{ATTN}:CommonAttentionMetadata.{name}", "copied into PicAttentionMetadata")
       for name in ("num_actual_tokens", "max_query_len", "max_seq_len", "query_start_loc", "seq_lens",
                    "block_table_tensor", "slot_mapping")),
-    override(f"{_ATTN}:AttentionBackend.supports_sliding_window", "PositionFreeBackend", ("cls",)),
-    override(f"{_ATTN}:AttentionBackend.supports_sink", "PositionFreeBackend", ("cls",)),
-    override(f"{_ATTN}:AttentionBackend.supports_attn_type", "PositionFreeBackend", ("cls", "attn_type")),
-    override(f"{_ATTN}:AttentionBackend.supported_kv_cache_dtypes", "PositionFreeBackend: no quantized KV"),
-    override(f"{_CPU_ATTN}:CPUAttentionBackend.get_supported_kernel_block_sizes", "PicCpuAttentionBackend",
-             ("kv_cache_spec",), versions=("0.32",)),
-    override(f"{_CPU_ATTN}:CPUAttentionBackend.forward_includes_kv_cache_update",
-             "PicCpuAttentionBackend writes the cache in do_kv_cache_update", versions=("0.32",)),
-    override(f"{_CPU_ATTN}:CPUAttentionBackend.get_impl_cls", "PicCpuAttentionBackend", (), versions=("0.32",)),
-    override(f"{_CPU_ATTN}:CPUAttentionBackend.get_builder_cls", "PicCpuAttentionBackend", (), versions=("0.32",)),
-    override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.__init__", "PicCpuAttentionImpl takes the same arguments",
-             _IMPL_ARGS, versions=("0.32",)),
-    override(f"{_CPU_ATTN}:CPUAttentionBackendImpl.do_kv_cache_update",
-             "PicCpuAttentionImpl writes the cache in the layout its torch attention reads",
-             ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.32",)),
-    *(override(f"{_TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", (), versions=("0.26",))
-      for name in ("get_name", "get_impl_cls", "get_builder_cls")),
-    override(f"{_TRITON_ATTN}:TritonAttentionBackend.get_kv_cache_stride_order",
-             "PicTritonAttentionBackend keeps NHD pages when CPU offloading asks for HND",
-             ("include_num_layers_dimension",), versions=("0.26",)),
-    override(f"{_TRITON_ATTN}:TritonAttentionImpl.__init__",
-             "PicTritonAttentionImpl binds these by name (`impl_args`) and refuses what it cannot honour",
-             (*_IMPL_ARGS, "use_alibi_sqrt", "chunk_lookback"), versions=("0.26",)),
-    *(use(f"{_ATTN}:CommonAttentionMetadata.{name}", "the CUDA builder's step plan", versions=("0.26",))
-      for name in ("query_start_loc_cpu", "seq_lens_cpu_upper_bound", "num_reqs")),
-    *(use(f"vllm.v1.kv_cache_interface:AttentionSpec.{name}", "the CUDA builder's step plan", versions=("0.26",))
-      for name in ("page_size_bytes", "num_kv_heads")),
-    use("vllm.config.model:ModelConfig.get_num_attention_heads", "the CUDA builder's step plan",
-        keywords=("parallel_config",), versions=("0.26",)),
-    use("vllm.v1.attention.backends.fa_utils:is_flash_attn_varlen_func_available",
-        "window-free prefill runs on vLLM's FlashAttention when it is there", (), versions=("0.26",)),
-    use("vllm.v1.attention.backends.fa_utils:get_flash_attn_version", "which FlashAttention",
-        keywords=("head_size",), versions=("0.26",)),
-    use("vllm.vllm_flash_attn.flash_attn_interface:flash_attn_varlen_func",
-        "window-free prefill calls the FA3 op this function calls (`torch.ops._vllm_fa3_C.fwd`), in its "
-        "argument order, adding seqused_q (`backends.cuda._fa3_paged_attention`): re-check that order here",
-        ("q", "k", "v", "max_seqlen_q", "cu_seqlens_q", "max_seqlen_k", "cu_seqlens_k", "seqused_k", "q_v",
-         "dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "deterministic",
-         "return_attn_probs", "block_table", "return_softmax_lse", "out", "scheduler_metadata", "q_descale",
-         "k_descale", "v_descale", "num_splits", "output_scale", "fa_version", "s_aux", "cp_world_size", "cp_rank",
-         "cp_tot_seqused_k", "mask_mod", "aux_tensors", "dynamic_causal"), versions=("0.26",)),
-    override(f"{_TRITON_ATTN}:TritonAttentionImpl.do_kv_cache_update",
-             "PicTritonAttentionImpl writes the cache with its own warmed-up kernel",
-             ("self", "layer", "key", "value", "kv_cache", "slot_mapping"), versions=("0.26",)),
-    override(f"{_TRITON_ATTN}:TritonAttentionImpl.fused_rope_kvcache_supported",
-             "PicTritonAttentionImpl says no: it writes the cache itself", ("self",),
-             versions=("0.26",)),
+    override(f"{ATTN}:AttentionBackend.supports_sliding_window", "PositionFreeBackend", ("cls",)),
+    override(f"{ATTN}:AttentionBackend.supports_sink", "PositionFreeBackend", ("cls",)),
+    override(f"{ATTN}:AttentionBackend.supports_attn_type", "PositionFreeBackend", ("cls", "attn_type")),
+    override(f"{ATTN}:AttentionBackend.supported_kv_cache_dtypes", "PositionFreeBackend: no quantized KV"),
 )
+
+# Every entry, each release's own ones marked with their release.
+TABLE: tuple[Intervention, ...] = (*COMMON, *v0_26.only_here(), *v0_32.only_here())
 
 
 def entries_for(version: str) -> tuple[Intervention, ...]:
