@@ -219,3 +219,10 @@ def test_pic_picks_its_own_attention_backend_and_refuses_others(tiny_model_dir: 
         assert path == "minipic_server.backends.cpu.PicCpuAttentionBackend"
         with pytest.raises(MiniPICConfigError, match="--attention-backend FLASH_ATTN cannot be used"):
             current_platform.get_attn_backend_cls(AttentionBackendEnum.FLASH_ATTN, None)
+
+
+def test_native_cpu_offloading_passes_the_guards(tiny_model_dir: Path) -> None:
+    """--kv-offloading-size becomes vLLM's OffloadingConnector, one block per CPU entry: accepted
+    (its reloaded blocks are proven exact on the H200, tests/gpu/test_offload.py)."""
+    config = engine_config(tiny_model_dir, kv_offloading_size=1.0)
+    assert config.kv_transfer_config.kv_connector == "OffloadingConnector"
