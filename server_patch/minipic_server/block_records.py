@@ -39,6 +39,7 @@ class BlockRecords:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.first_layer: Any = None  # the attention impl that derives each forward's metadata
         self.kind = torch.zeros(0, dtype=torch.int8, device=device)
         self.origin = torch.zeros(0, dtype=torch.int32, device=device)
         self.write_shift = torch.zeros(0, dtype=torch.int32, device=device)
@@ -69,9 +70,11 @@ class BlockRecords:
         self.write_shift.index_copy_(0, ids, packed[3])
 
 
-def derive_step(metadata: Any, records: BlockRecords) -> None:
-    """Fill a step's metadata from the records, once per step (the first layer's call)."""
-    if metadata.window_starts is not None:
+def derive_step(metadata: Any, records: BlockRecords, *, first_layer: bool) -> None:
+    """Fill a forward's metadata from the records: in the model's first attention layer, every
+    forward (a CUDA graph captures the derivation with it, so each replay redoes it), and in
+    any later layer whose metadata the first layer did not fill."""
+    if not first_layer and metadata.window_starts is not None:
         return
     if not records.kind.shape[0]:
         raise MiniPICConfigError("MiniPIC attention ran before the KV cache's block records were allocated")
@@ -87,11 +90,14 @@ def derive_step(metadata: Any, records: BlockRecords) -> None:
 
 
 def link_block_records(model: torch.nn.Module, device: torch.device) -> BlockRecords:
-    """One `BlockRecords` for the worker, shared by every attention layer of the model."""
+    """One `BlockRecords` for the worker, shared by every attention layer of the model; the
+    first layer (in module order, the order a decoder runs them) derives each forward's metadata."""
     records = BlockRecords(device)
     for module in model.modules():
         if isinstance(module, Attention):
             module.impl.pic_records = records
+            if records.first_layer is None:
+                records.first_layer = module.impl
     return records
 
 

@@ -209,7 +209,7 @@ class PositionFreeAttention:
             return output.fill_(0)
         rope, records = self.linked()
         records.ensure(kv_cache.shape[0])
-        derive_step(attn_metadata, records)
+        derive_step(attn_metadata, records, first_layer=self is records.first_layer)
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = split_kv_cache(kv_cache)
         self.attend(
