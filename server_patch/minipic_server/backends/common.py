@@ -182,8 +182,8 @@ class PositionFreeAttention:
     def linked(self) -> tuple[RopeSpec, BlockRecords]:
         if self.pic_rope is None or self.pic_records is None:
             raise MiniPICConfigError(
-                "MiniPIC attention ran without a linked rotary embedding: the model's layers "
-                "do not expose `rotary_emb` next to `attn`, so reused spans cannot be moved"
+                "MiniPIC attention ran before make_position_free linked its rotary embedding and block "
+                "records: the model's layers do not expose `rotary_emb` next to `attn`, so reused spans cannot be moved"
             )
         return self.pic_rope, self.pic_records
 
