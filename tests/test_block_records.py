@@ -11,8 +11,8 @@ import torch
 from minipic_protocol.blocks import BlockKind, kinds_of_prompt, span_openers
 from minipic_server.backends.common import PicAttentionMetadata
 from minipic_server.block_plan import BlockPlanner, StepRecords, records_of_request
-from minipic_server.block_records import BlockRecords, derive_step, wrap_execute_model
-from minipic_server.config import CONFIG_KEY, MiniPICConfigError, PicConfig
+from minipic_server.block_records import BlockRecords, derive_step
+from minipic_server.config import MiniPICConfigError, PicConfig
 
 PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
 BS = 4
@@ -84,11 +84,3 @@ def test_the_worker_sets_shipped_records_and_derives_the_step_from_them() -> Non
     assert metadata.moved.tolist() == [1, 0]
     with pytest.raises(MiniPICConfigError, match="made for 8"):
         records.ensure(9)
-
-
-def test_a_step_without_records_is_refused_when_pic_is_active() -> None:
-    worker = SimpleNamespace(vllm_config=SimpleNamespace(additional_config={CONFIG_KEY: PIC.markers}))
-    execute = wrap_execute_model(lambda self, output: "ran")
-    with pytest.raises(MiniPICConfigError, match="without MiniPIC's block records"):
-        execute(worker, SimpleNamespace(total_num_scheduled_tokens=3))
-    assert execute(worker, SimpleNamespace(total_num_scheduled_tokens=0)) == "ran"
