@@ -117,7 +117,8 @@ def wrap_execute_model(original: Callable[..., Any]) -> Callable[..., Any]:
         # Steps vLLM makes up itself (its kernel warm-up) carry none: their blocks hold dummy KV.
         step = getattr(scheduler_output, STEP_RECORDS.attribute, None)
         if step is not None:
-            records_of_worker(self.vllm_config).apply(step)
+            with torch.inference_mode():  # the records were made in it, by the first forward
+                records_of_worker(self.vllm_config).apply(step)
         return original(self, scheduler_output, *args, **kwargs)
 
     return execute_model
