@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from minipic_protocol import MarkerIds
@@ -78,13 +80,18 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
     check_markers(pic, model_config)
 
 
-# The KV connector whose reloaded blocks are proven exact (tests/gpu/test_offload.py): vLLM's own
-# CPU offloading, one CPU entry per GPU block, keyed by that block's hash.
+# The one KV connector MiniPIC is built for: vLLM's own CPU offloading, one CPU entry per GPU
+# block, keyed by that block's hash. Exact by design; until the H200 test that reloads spans
+# at other offsets (tests/gpu/test_offload.py) has passed, it is opt-in.
 OFFLOADING_CONNECTOR = "OffloadingConnector"
+OFFLOADING_OPT_IN_ENV = "MINIPIC_EXPERIMENTAL_KV_OFFLOADING"
 
 
-def check_kv_transfer(kv_transfer_config: Any, block_size: int | None) -> None:
-    """Only vLLM's native CPU offloading (``--kv-offloading-size``) with one GPU block per CPU entry.
+def check_kv_transfer(
+    kv_transfer_config: Any, block_size: int | None, environ: Mapping[str, str] = os.environ
+) -> None:
+    """Only vLLM's native CPU offloading (``--kv-offloading-size``) with one GPU block per CPU
+    entry, and only with `OFFLOADING_OPT_IN_ENV` set.
 
     A reloaded block gets its records from its hash (`minipic_server.block_plan`), so any
     store keyed by block hash is exact, as long as an entry never spans two blocks: an entry
@@ -96,7 +103,7 @@ def check_kv_transfer(kv_transfer_config: Any, block_size: int | None) -> None:
     if kv_transfer_config.kv_connector != OFFLOADING_CONNECTOR:
         raise MiniPICConfigError(
             f"MiniPIC does not support the KV connector {kv_transfer_config.kv_connector} yet (LMCache, Mooncake, "
-            "P/D): only vLLM's native CPU offloading (--kv-offloading-size) is proven exact; drop the flag"
+            "P/D): MiniPIC is built for vLLM's native CPU offloading (--kv-offloading-size) only; drop the flag"
         )
     extra = kv_transfer_config.kv_connector_extra_config or {}
     blocks_per_entry = extra.get("blocks_per_chunk", 1)
@@ -106,6 +113,11 @@ def check_kv_transfer(kv_transfer_config: Any, block_size: int | None) -> None:
             "MiniPIC needs KV offloading in entries of one block, got "
             + ", ".join(f"{key}={extra[key]}" for key in ("blocks_per_chunk", "block_size") if key in extra)
             + ": an entry of several blocks is keyed by its last block alone; drop the setting"
+        )
+    if environ.get(OFFLOADING_OPT_IN_ENV) != "1":
+        raise MiniPICConfigError(
+            "MiniPIC's KV offloading (--kv-offloading-size) is not yet proven on a GPU: set "
+            f"{OFFLOADING_OPT_IN_ENV}=1 to try it (exact by design, docs/design.md), or drop the flag"
         )
 
 
