@@ -87,16 +87,19 @@ def plain_prompts() -> list[list[int]]:
     return [[0, *random_tokens(rng, rng.randrange(20, 900))] for _ in range(24)]
 
 
-def pic_prompts() -> tuple[list[Segment], list[list[int]], list[int]]:
-    """Spans to prefill; prompts placing them at new offsets, every other one after a computed gap;
-    and the tokens each prompt should find cached (the prefilled segments)."""
-    rng = random.Random(32)
+def pic_prompts(
+    seed: int = 32, count: int = 16, *, gaps: bool = True
+) -> tuple[list[Segment], list[list[int]], list[int]]:
+    """Spans to prefill; prompts placing them at new offsets (with ``gaps``, every other one after
+    a computed gap); and the tokens each prompt should find cached (the prefilled segments)."""
+    rng = random.Random(seed)
     sys_ = system(random_tokens(rng, 25))
     docs = [span(random_tokens(rng, rng.randrange(30, 400))) for _ in range(6)]
     prompts, cached = [], []
-    for i in range(16):
+    for i in range(count):
         chosen = rng.sample(docs, 3)
-        parts = [sys_, chosen[0], in_context(random_tokens(rng, 20)), *chosen[1:]] if i % 2 else [sys_, *chosen]
+        gapped = gaps and i % 2
+        parts = [sys_, chosen[0], in_context(random_tokens(rng, 20)), *chosen[1:]] if gapped else [sys_, *chosen]
         prompts.append(flatten([*parts, dependent(random_tokens(rng, 12))]))
         cached.append(len(flatten([sys_, *chosen])))
     return [sys_, *docs], prompts, cached

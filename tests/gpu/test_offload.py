@@ -20,9 +20,9 @@ import random
 import time
 
 import pytest
-from test_gpu_serving import PIC_BF16, assert_same_answer
+from test_gpu_serving import PIC_BF16, assert_same_answer, pic_prompts
 
-from pic_reference import dependent, flatten, random_tokens, span, system
+from pic_reference import Segment, random_tokens
 from server_api import Completion, complete, metric, prefill
 from servers import RunningServer, ServerPool, ServerSpec
 
@@ -45,21 +45,10 @@ PIC_OFFLOAD = ServerSpec(base_args=OFFLOAD_ARGS, env=(("MINIPIC_EXPERIMENTAL_KV_
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 
 
-def layout() -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """Parts to prefill, then prompts that place 3 of the 6 spans after the system part in a new order
-    (new offsets), each ending in a PDep question, and the tokens each prompt should find cached.
-
-    Only contiguous layouts: the connector's CPU lookup stops at the first miss, so a span after a
-    computed gap would be recomputed once it has left the GPU (MiniPIC's gapped hits are GPU-only)."""
-    rng = random.Random(41)
-    sys_ = system(random_tokens(rng, 25))
-    docs = [span(random_tokens(rng, rng.randrange(30, 400))) for _ in range(6)]
-    prompts, cached = [], []
-    for _ in range(8):
-        chosen = rng.sample(docs, 3)
-        prompts.append(flatten([sys_, *chosen, dependent(random_tokens(rng, 12))]))
-        cached.append(len(flatten([sys_, *chosen])))
-    return [list(part.tokens) for part in (sys_, *docs)], prompts, cached
+def offload_prompts() -> tuple[list[Segment], list[list[int]], list[int]]:
+    """`pic_prompts` without computed gaps: the connector's CPU lookup stops at the first miss,
+    so a span after a gap would be recomputed once it left the GPU (gapped hits are GPU-only)."""
+    return pic_prompts(seed=41, count=8, gaps=False)
 
 
 def push_out_of_gpu(server: RunningServer, rng: random.Random) -> None:
@@ -81,9 +70,9 @@ def external_hits(server: RunningServer, at_least: float, timeout: float = 10.0)
 def resident(server_pool: ServerPool) -> list[Completion]:
     """The final prompts answered with every span in GPU memory and moved (no offloading)."""
     server = server_pool.get(PIC_BF16)
-    parts, prompts, cached = layout()
+    parts, prompts, cached = offload_prompts()
     for part in parts:
-        prefill(server, part)
+        prefill(server, list(part.tokens))
     answers = [complete(server, prompt, max_tokens=8) for prompt in prompts]
     assert [answer.cached_tokens for answer in answers] == cached
     return answers
@@ -92,9 +81,9 @@ def resident(server_pool: ServerPool) -> list[Completion]:
 def test_spans_reloaded_from_cpu_answer_like_resident_spans(server_pool: ServerPool, resident) -> None:
     server = server_pool.get(PIC_OFFLOAD)
     assert "OffloadingConnector" in server.log_path.read_text(errors="replace")  # "Creating v1 connector ..."
-    parts, prompts, cached = layout()
+    parts, prompts, cached = offload_prompts()
     for part in parts:
-        prefill(server, part)
+        prefill(server, list(part.tokens))
     rng = random.Random(42)
     for expected, prompt, num_cached in zip(resident, prompts, cached, strict=True):
         push_out_of_gpu(server, rng)
