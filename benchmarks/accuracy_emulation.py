@@ -13,7 +13,8 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+hide-pdep``: a PDep marker's key is seen by no other token;
 - ``+hide-spans``: an SSep/HSep marker's key is seen only by its own span;
 - ``+hide-pads``: a pad's key is seen by no other token;
-- ``+pad=ID``: pads are token ``ID`` (an ordinary token) instead of the server's pad marker.
+- ``+pad=ID``: pads are token ``ID`` (an ordinary token) instead of the server's pad marker;
+- ``+markers=ID``: SSep, PDep and HSep are embedded as token ``ID`` (the rule still reads them).
 
     flock /tmp/minipic-test-server.lock .venv/bin/python benchmarks/accuracy_emulation.py \\
         --passages ../shared/data/2wiki_passages.json --questions 150 \\
@@ -47,7 +48,7 @@ from provenance import provenance
 
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
-CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=")
+CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=")
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
@@ -94,6 +95,14 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
     if "hide-pads" in changes:
         seen &= ~(tokens == info.pad_token_id)[None, :] | itself
     return seen
+
+
+def model_input(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> list[int]:
+    """The ids the model embeds: with ``markers=ID``, each SSep/PDep/HSep marker embedded as token
+    ID while the rule (`visibility`) still reads the markers."""
+    marker = next((int(c.removeprefix("markers=")) for c in changes if c.startswith("markers=")), None)
+    markers = {info.ssep_token_id, info.pdep_token_id, info.hsep_token_id}
+    return [marker if marker is not None and t in markers else t for t in ids]
 
 
 @torch.no_grad()
@@ -157,7 +166,8 @@ def main() -> None:
         verdicts[variant] = []
         for question, ids in zip(questions, token_ids[layout]):
             ids = [pad if t == info.pad_token_id else t for t in ids]
-            generated = answer(model, ids, visibility(ids, info, changes), stop, args.max_tokens)
+            seen = visibility(ids, info, changes)
+            generated = answer(model, model_input(ids, info, changes), seen, stop, args.max_tokens)
             verdicts[variant].append(is_correct(text_of.decode(generated, skip_special_tokens=True), question))
         correct = sum(verdicts[variant])
         report[variant] = {"correct": correct, "questions": len(questions),

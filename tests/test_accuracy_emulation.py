@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from accuracy_emulation import parse_variant, visibility
+from accuracy_emulation import model_input, parse_variant, visibility
 
 from minipic_protocol.info import ServerInfo
 
@@ -39,3 +39,10 @@ def test_variants_are_checked() -> None:
     assert parse_variant("refreshed+pad=198+hide-pads") == ("refreshed", ["pad=198", "hide-pads"])
     with pytest.raises(SystemExit, match="changes"):
         parse_variant("refreshed+hide-everything")
+
+
+def test_markers_embedded_as_another_token_keep_the_rule() -> None:
+    embedded = [TEXT] * 4 + [198, TEXT, TEXT, PAD] + [198, TEXT, TEXT, TEXT]
+    assert model_input(PROMPT, _info(), ["markers=198"]) == embedded
+    assert model_input(PROMPT, _info(), []) == PROMPT
+    assert parse_variant("refreshed+markers=198") == ("refreshed", ["markers=198"])
