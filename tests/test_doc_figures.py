@@ -7,6 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
+import pytest
 import tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,9 +178,14 @@ def test_scale_out_table_matches_its_results() -> None:
     assert f"runs {ratio:.2f}x round-robin's samples/s" in " ".join(doc.split())
 
 
-def test_emulation_table_matches_its_results() -> None:
+@pytest.mark.parametrize(
+    "results", ["accuracy-emulation-smollm2-cpu.json", "accuracy-emulation-markers-smollm2-cpu.json"]
+)
+def test_emulation_table_matches_its_results(results: str) -> None:
+    """Each run's variants in docs/accuracy.md (a variant both runs have answers the same there:
+    fp32, greedy, the same questions)."""
     lines = (ROOT / "docs/accuracy.md").read_text().splitlines()
-    for variant, r in _result("accuracy-emulation-smollm2-cpu.json")["variants"].items():
+    for variant, r in _result(results)["variants"].items():
         low, high = r["accuracy_ci95"]
         cells = [f"{pct(r['accuracy'])}% [{pct(low)}, {pct(high)}]"]
         if variant != "full":
