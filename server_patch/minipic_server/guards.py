@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from minipic_protocol import MarkerIds
@@ -87,9 +86,7 @@ OFFLOADING_CONNECTOR = "OffloadingConnector"
 OFFLOADING_OPT_IN_ENV = "MINIPIC_EXPERIMENTAL_KV_OFFLOADING"
 
 
-def check_kv_transfer(
-    kv_transfer_config: Any, block_size: int | None, environ: Mapping[str, str] = os.environ
-) -> None:
+def check_kv_transfer(kv_transfer_config: Any, block_size: int | None) -> None:
     """Only vLLM's native CPU offloading (``--kv-offloading-size``) with one GPU block per CPU
     entry, and only with `OFFLOADING_OPT_IN_ENV` set.
 
@@ -114,7 +111,7 @@ def check_kv_transfer(
             + ", ".join(f"{key}={extra[key]}" for key in ("blocks_per_chunk", "block_size") if key in extra)
             + ": an entry of several blocks is keyed by its last block alone; drop the setting"
         )
-    if environ.get(OFFLOADING_OPT_IN_ENV) != "1":
+    if os.environ.get(OFFLOADING_OPT_IN_ENV) != "1":
         raise MiniPICConfigError(
             "MiniPIC's KV offloading (--kv-offloading-size) is not yet proven on a GPU: set "
             f"{OFFLOADING_OPT_IN_ENV}=1 to try it (exact by design, docs/design.md), or drop the flag"

@@ -93,9 +93,8 @@ ENTRIES: tuple[Intervention, ...] = (
       for name in ("req_id_to_index", "prefill_len", "num_computed_tokens")),
     *(use(f"vllm.v1.worker.gpu.model_runner:GPUModelRunner.{name}", "gapped hits")
       for name in ("vllm_config", "req_states")),
-    use("vllm.v1.core.sched.output:SchedulerOutput.scheduled_cached_reqs", "gapped hits"),
-    *(use(f"vllm.v1.core.sched.output:CachedRequestData.{name}", "gapped hits")
-      for name in ("req_ids", "num_computed_tokens")),
+    use("vllm.v1.core.sched.output:CachedRequestData.num_computed_tokens",
+        "gapped hits (the step's cached requests and their ids: shared entries, `table`)"),
     *(override(f"{TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", ())
       for name in ("get_name", "get_impl_cls", "get_builder_cls")),
     override(f"{TRITON_ATTN}:TritonAttentionBackend.get_kv_cache_stride_order",
