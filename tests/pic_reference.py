@@ -121,11 +121,15 @@ def check_against_rule(segments: list[Segment], vocabulary: Vocabulary) -> None:
 
 
 class HFReference:
-    def __init__(self, model_dir: Path, vocabulary: Vocabulary = TINY) -> None:
+    """`embedded_as`: token ids the model reads through another token's embedding (the
+    server's ``--embed-markers-as``); the mask and the output head still see the ids."""
+
+    def __init__(self, model_dir: Path, vocabulary: Vocabulary = TINY, embedded_as: dict[int, int] | None = None) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="eager"
         ).eval()
         self.vocabulary = vocabulary
+        self.embedded_as = embedded_as or {}
 
     @torch.no_grad()
     def greedy_top_logprobs(
@@ -139,7 +143,7 @@ class HFReference:
             length = len(ids)
             mask = torch.zeros(1, 1, length, length).masked_fill(~allowed(tokens), float("-inf"))
             logits = self.model(
-                input_ids=torch.tensor([ids]),
+                input_ids=torch.tensor([[self.embedded_as.get(t, t) for t in ids]]),
                 attention_mask=mask,
                 position_ids=torch.arange(length)[None],
             ).logits[0, -1]

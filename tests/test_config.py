@@ -117,6 +117,24 @@ def test_an_hsep_override_is_checked_like_the_other_markers(tiny_model_dir: Path
         serve_args(parser, str(tiny_model_dir), [], MarkerIds(**MARKERS), hsep_token_id=7)
 
 
+def test_markers_embedded_as_an_ordinary_token(tiny_model_dir: Path) -> None:
+    parser = vllm_serve_parser({})[0]
+    newline = serve_args(parser, str(tiny_model_dir), [], MarkerIds(**MARKERS), embed_markers_as="newline")
+    assert newline.additional_config == {"minipic": {**PICKED, "embed_markers_as": 206}}
+    pic = PicConfig.from_section(newline.additional_config["minipic"])
+    assert pic.embedded_markers == (5, 6, 2048)  # the pad keeps its own row
+    assert serve_args(parser, str(tiny_model_dir), [], None, embed_markers_as="72").additional_config == {
+        "minipic": {**PICKED, "embed_markers_as": 72}}
+    for spec, message in (("tab", "takes 'newline' or a token id, got 'tab'"),
+                          ("5", "5: not an ordinary token"), ("99999", "99999: not an ordinary token")):
+        with pytest.raises(MiniPICConfigError, match=message):
+            serve_args(parser, str(tiny_model_dir), [], None, embed_markers_as=spec)
+    with pytest.raises(MiniPICConfigError, match="embed_markers_as must be an ordinary token, not the marker 6"):
+        PicConfig.from_section({**MARKERS, "embed_markers_as": 6})
+    with pytest.raises(MiniPICConfigError, match="embed_markers_as must be a token id, got '206'"):
+        PicConfig.from_section({**MARKERS, "embed_markers_as": "206"})
+
+
 def test_plugin_allowlist_keeps_other_plugins() -> None:
     assert plugin_allowlist("other") == "other,minipic,minipic_info"
     assert {"minipic", "minipic_info"} <= set(plugin_allowlist(None).split(","))

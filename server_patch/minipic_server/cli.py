@@ -32,6 +32,10 @@ def serve(
         help="Refuse (400) completion and chat requests without a cache_salt: callers cannot probe each "
         "other's cached documents.",
     ),
+    embed_markers_as: str | None = typer.Option(
+        None, "--embed-markers-as", metavar="newline|ID",
+        help="The model reads SSep, PDep and HSep through this ordinary token's embedding (docs/accuracy.md).",
+    ),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
     from minipic_protocol import MarkerIds
@@ -50,7 +54,10 @@ def serve(
     markers = MarkerIds(*given) if None not in given else None
     from minipic_server.serve import serve_main
 
-    serve_main(model, list(ctx.args), markers, hsep_token_id, require_cache_salt=require_cache_salt)
+    serve_main(
+        model, list(ctx.args), markers, hsep_token_id,
+        require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as,
+    )
 
 
 def make_tiny_model(

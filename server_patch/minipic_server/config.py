@@ -14,7 +14,7 @@ CONFIG_KEY = "minipic"
 _FIELDS = ("ssep_token_id", "pdep_token_id", "pad_token_id")
 # Optional: a configuration written before hidden heads existed has no HSep marker.
 _OPTIONAL_FIELDS = ("hsep_token_id",)
-_OPTIONS = ("require_cache_salt",)
+_OPTIONS = ("require_cache_salt", "embed_markers_as")
 
 
 class MiniPICConfigError(ValueError):
@@ -25,13 +25,16 @@ class MiniPICConfigError(ValueError):
 class PicConfig:
     """Marker token ids; a block whose first prompt token is one of them changes hashing
     (``hsep_token_id`` None: no hidden heads on this server). `require_cache_salt`:
-    requests without a ``cache_salt`` are refused (`salt_policy`)."""
+    requests without a ``cache_salt`` are refused (`salt_policy`). `embed_markers_as`: the
+    model reads SSep, PDep and HSep through this ordinary token's embedding
+    (`marker_embedding`; None: their own rows)."""
 
     ssep_token_id: int
     pdep_token_id: int
     pad_token_id: int
     hsep_token_id: int | None = None
     require_cache_salt: bool = False
+    embed_markers_as: int | None = None
 
     def __post_init__(self) -> None:
         for name, value in self.markers.items():
@@ -46,6 +49,11 @@ class PicConfig:
             raise MiniPICConfigError(
                 f"minipic.require_cache_salt must be true or false, got {self.require_cache_salt!r}"
             )
+        stand_in = self.embed_markers_as
+        if stand_in is not None and (isinstance(stand_in, bool) or not isinstance(stand_in, int) or stand_in < 0):
+            raise MiniPICConfigError(f"minipic.embed_markers_as must be a token id, got {stand_in!r}")
+        if stand_in in self.marker_ids:
+            raise MiniPICConfigError(f"minipic.embed_markers_as must be an ordinary token, not the marker {stand_in}")
 
     @property
     def markers(self) -> dict[str, int]:
@@ -63,9 +71,10 @@ class PicConfig:
         """The ids that give a block a kind, as `minipic_protocol.blocks` takes them."""
         return (self.ssep_token_id, self.pdep_token_id, self.hsep_token_id)
 
-    def to_additional_config(self) -> dict[str, dict[str, Any]]:
-        options = {"require_cache_salt": True} if self.require_cache_salt else {}
-        return {CONFIG_KEY: {**self.markers, **options}}
+    @property
+    def embedded_markers(self) -> tuple[int, ...]:
+        """The markers the model reads as `embed_markers_as` (pads keep their own row)."""
+        return tuple(marker for marker in self.kind_marker_ids if marker is not None)
 
     @classmethod
     def from_section(cls, section: Any) -> PicConfig:

@@ -126,6 +126,20 @@ class MarkerRule:
         candidates = [i for i in preferred if i in free] + free[::-1]
         return replace(markers, hsep_token_id=candidates[0] if candidates else None)
 
+    def stand_in(self, spec: str) -> int:
+        """The ordinary token ``--embed-markers-as`` names: ``newline`` or a token id."""
+        if spec == "newline":
+            ids = self._tokenizer.encode("\n", add_special_tokens=False)
+            if len(ids) != 1:
+                raise MiniPICConfigError(f"--embed-markers-as newline: this tokenizer encodes a newline as {ids}")
+            return ids[0]
+        if not spec.isdigit():
+            raise MiniPICConfigError(f"--embed-markers-as takes 'newline' or a token id, got {spec!r}")
+        token_id = int(spec)
+        if not 0 <= token_id < len(self._tokenizer) or token_id in self._special:
+            raise MiniPICConfigError(f"--embed-markers-as {token_id}: not an ordinary token of this tokenizer")
+        return token_id
+
     def check(self, markers: MarkerIds) -> None:
         """Refuse, in one line, the first marker id that breaks the rule."""
         for field, token_id in zip(fields(markers), astuple(markers)):

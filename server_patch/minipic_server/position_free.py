@@ -21,6 +21,7 @@ from minipic_server.block_records import link_block_records
 from minipic_server.boundary import Attention, BaseModelLoader
 from minipic_server.config import MiniPICConfigError, pic_config_of
 from minipic_server.guards import check_rope_class
+from minipic_server.marker_embedding import embed_markers_as
 
 
 def wrap_load_model(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
@@ -28,8 +29,11 @@ def wrap_load_model(original: Callable[..., nn.Module]) -> Callable[..., nn.Modu
 
     def load_model(self: BaseModelLoader, vllm_config: Any, model_config: Any, *args: Any, **kwargs: Any):
         model = original(self, vllm_config, model_config, *args, **kwargs)
-        if pic_config_of(vllm_config) is not None:
+        pic = pic_config_of(vllm_config)
+        if pic is not None:
             make_position_free(model)
+            if pic.embed_markers_as is not None:
+                embed_markers_as(model, pic)
         return model
 
     return load_model

@@ -64,10 +64,12 @@ def serve_args(
     hsep_token_id: int | None = None,
     *,
     require_cache_salt: bool = False,
+    embed_markers_as: str | None = None,
 ) -> Namespace:
     """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config, with
     `markers` checked against the tokenizer, or picked from it when not given;
-    ``hsep_token_id`` overrides HSep alone (picked after the other three when not given)."""
+    ``hsep_token_id`` overrides HSep alone (picked after the other three when not given);
+    `embed_markers_as` (``newline`` or a token id) as `MarkerRule.stand_in` reads it."""
     args = parser.parse_args(["serve", model, *vllm_args])
     rule = MarkerRule(load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code))
     markers = markers or rule.pick()
@@ -75,20 +77,21 @@ def serve_args(
         markers = replace(markers, hsep_token_id=hsep_token_id)
     markers = rule.with_hsep(markers)
     rule.check(markers)
-    args.additional_config = with_pic_section(args.additional_config, markers, require_cache_salt)
+    options: dict[str, Any] = {"require_cache_salt": True} if require_cache_salt else {}
+    if embed_markers_as is not None:
+        options["embed_markers_as"] = rule.stand_in(embed_markers_as)
+    args.additional_config = with_pic_section(args.additional_config, markers, options)
     return args
 
 
 def with_pic_section(
-    additional_config: dict[str, Any] | None, markers: MarkerIds, require_cache_salt: bool = False
+    additional_config: dict[str, Any] | None, markers: MarkerIds, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The user's additional config with the ``minipic`` section merged in; keys the
     user set in that section win over the markers picked from the tokenizer, and
-    ``--require-cache-salt`` over the section."""
+    `options` given on the command line over the section."""
     config = dict(additional_config or {})
-    section = {**PicConfig(**vars(markers)).markers, **config.get(CONFIG_KEY, {})}
-    if require_cache_salt:
-        section["require_cache_salt"] = True
+    section = {**PicConfig(**vars(markers)).markers, **config.get(CONFIG_KEY, {}), **(options or {})}
     config[CONFIG_KEY] = section
     return config
 
@@ -122,6 +125,7 @@ def serve_main(
     hsep_token_id: int | None = None,
     *,
     require_cache_salt: bool = False,
+    embed_markers_as: str | None = None,
 ) -> None:
     """``minipic serve``; a configuration PIC cannot serve ends the process with one
     line, the last of the output, instead of a traceback."""
@@ -132,7 +136,10 @@ def serve_main(
     lifetime.children_die_with_this_process()
     try:
         parser, command = vllm_serve_parser(serve_defaults(current_platform.is_cpu()))
-        args = serve_args(parser, model, vllm_args, markers, hsep_token_id, require_cache_salt=require_cache_salt)
+        args = serve_args(
+            parser, model, vllm_args, markers, hsep_token_id,
+            require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as,
+        )
         command.validate(args)
         command.cmd(args)
     except MiniPICConfigError as exc:

@@ -163,11 +163,12 @@ def _config(tok: Tokenizer) -> dict:
 
 def _qwen2_config(tok: Tokenizer) -> dict:
     """A Qwen2 look-alike on the same tokenizer: biased q/k/v projections, 8 query heads over 2
-    KV heads of 32 lanes, RoPE base 1e6 without scaling: the other shape the guards accept."""
+    KV heads of 32 lanes, RoPE base 1e6 without scaling, a tied output head: the other shape
+    the guards accept."""
     llama = _config(tok)
     cfg = {key: llama[key] for key in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "hidden_act",
-        "max_position_embeddings", "tie_word_embeddings", "initializer_range", "torch_dtype", "dtype",
+        "max_position_embeddings", "initializer_range", "torch_dtype", "dtype",
         "bos_token_id", "eos_token_id", "pad_token_id")}  # fmt: skip
     return {
         **cfg,
@@ -181,6 +182,7 @@ def _qwen2_config(tok: Tokenizer) -> dict:
         "use_sliding_window": False,
         "sliding_window": None,
         "max_window_layers": cfg["num_hidden_layers"],
+        "tie_word_embeddings": True,  # as in Qwen2's small models: the output head is the input embedding
     }
 
 
@@ -214,7 +216,8 @@ def _weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
         w[p + "input_layernorm.weight"] = torch.ones(hidden)
         w[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
     w["model.norm.weight"] = torch.ones(hidden)
-    w["lm_head.weight"] = normal(cfg["vocab_size"], hidden)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = normal(cfg["vocab_size"], hidden)
     return w
 
 

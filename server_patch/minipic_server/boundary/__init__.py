@@ -37,6 +37,7 @@ from minipic_server.boundary.table import (
     SCHEDULER_SPLITS_CHUNKS,
     STEP_RECORDS,
     TABLE,
+    UNTIED_HEAD_WEIGHT,
     How,
     Intervention,
     entries_for,
@@ -63,6 +64,8 @@ VLLM_NAMES: dict[str, tuple[str, str | None]] = {
     "register_backend": ("vllm.v1.attention.backends.registry", "register_backend"),
     "Attention": ("vllm.model_executor.layers.attention.attention", "Attention"),
     "BaseModelLoader": ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader"),
+    **{name: ("vllm.model_executor.layers.vocab_parallel_embedding", name) for name in (
+        "ParallelLMHead", "VocabParallelEmbedding")},
     "EngineCore": ("vllm.v1.engine.core", "EngineCore"),
     "Request": ("vllm.v1.request", "Request"),
     "RequestStatus": ("vllm.v1.request", "RequestStatus"),
@@ -116,7 +119,8 @@ def check_kv_cache_layout(kv_cache_spec: Any) -> None:
 __all__ = [
     "ALLOW_UNSUPPORTED_ENV", "BAD_WORDS", "CHAIN_STATE", "ENGINE_GAPS", "ENGINE_HASHER", "ENGINE_PIC",
     "ENGINE_PLANNER", "REQUEST_BLOCK_HASHER", "REQUEST_RECORDS", "SCHEDULE", "SCHEDULER_ALLOCATE_SLOTS",
-    "SCHEDULER_CHUNK_END", "SCHEDULER_SPLITS_CHUNKS", "STEP_RECORDS", "SUPPORTED_VLLM", "TABLE", "VLLM_NAMES",
+    "SCHEDULER_CHUNK_END", "SCHEDULER_SPLITS_CHUNKS", "STEP_RECORDS", "SUPPORTED_VLLM", "TABLE", "UNTIED_HEAD_WEIGHT",
+    "VLLM_NAMES",
     "How", "Intervention", "UnsupportedVLLMError", "check_kv_cache_layout", "device_type", "entries_for", "install",
     "patch", "patch_instance", "release", "supported_release", "table_version", "vllm_version",
 ]  # fmt: skip
