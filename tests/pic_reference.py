@@ -124,7 +124,9 @@ class HFReference:
     """`embedded_as`: token ids the model reads through another token's embedding (the
     server's ``--embed-markers-as``); the mask and the output head still see the ids."""
 
-    def __init__(self, model_dir: Path, vocabulary: Vocabulary = TINY, embedded_as: dict[int, int] | None = None) -> None:
+    def __init__(
+        self, model_dir: Path, vocabulary: Vocabulary = TINY, embedded_as: dict[int, int] | None = None
+    ) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="eager"
         ).eval()

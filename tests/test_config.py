@@ -239,11 +239,8 @@ def test_pic_picks_its_own_attention_backend_and_refuses_others(tiny_model_dir: 
             current_platform.get_attn_backend_cls(AttentionBackendEnum.FLASH_ATTN, None)
 
 
-def test_native_cpu_offloading_is_opt_in_until_proven_on_a_gpu(tiny_model_dir: Path, monkeypatch) -> None:
-    """--kv-offloading-size becomes vLLM's OffloadingConnector, one block per CPU entry: refused
-    in one line, accepted with the opt-in (tests/gpu/test_offload.py sets it)."""
-    with pytest.raises(MiniPICConfigError, match=r"KV offloading \(--kv-offloading-size\) is not yet proven"):
-        engine_config(tiny_model_dir, kv_offloading_size=1.0)
-    monkeypatch.setenv("MINIPIC_EXPERIMENTAL_KV_OFFLOADING", "1")
+def test_native_cpu_offloading_in_one_block_entries_is_accepted(tiny_model_dir: Path) -> None:
+    """--kv-offloading-size becomes vLLM's OffloadingConnector, one block per CPU entry
+    (tests/gpu/test_offload.py serves it on the H200)."""
     config = engine_config(tiny_model_dir, kv_offloading_size=1.0)
     assert config.kv_transfer_config.kv_connector == "OffloadingConnector"

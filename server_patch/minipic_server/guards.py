@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from minipic_protocol import MarkerIds
@@ -80,15 +79,13 @@ def check_engine_config(vllm_config: Any, pic: PicConfig) -> None:
 
 
 # The one KV connector MiniPIC is built for: vLLM's own CPU offloading, one CPU entry per GPU
-# block, keyed by that block's hash. Exact by design; until the H200 test that reloads spans
-# at other offsets (tests/gpu/test_offload.py) has passed, it is opt-in.
+# block, keyed by that block's hash (tests/gpu/test_offload.py reloads spans at other offsets).
 OFFLOADING_CONNECTOR = "OffloadingConnector"
-OFFLOADING_OPT_IN_ENV = "MINIPIC_EXPERIMENTAL_KV_OFFLOADING"
 
 
 def check_kv_transfer(kv_transfer_config: Any, block_size: int | None) -> None:
     """Only vLLM's native CPU offloading (``--kv-offloading-size``) with one GPU block per CPU
-    entry, and only with `OFFLOADING_OPT_IN_ENV` set.
+    entry.
 
     A reloaded block gets its records from its hash (`minipic_server.block_plan`), so any
     store keyed by block hash is exact, as long as an entry never spans two blocks: an entry
@@ -110,11 +107,6 @@ def check_kv_transfer(kv_transfer_config: Any, block_size: int | None) -> None:
             "MiniPIC needs KV offloading in entries of one block, got "
             + ", ".join(f"{key}={extra[key]}" for key in ("blocks_per_chunk", "block_size") if key in extra)
             + ": an entry of several blocks is keyed by its last block alone; drop the setting"
-        )
-    if os.environ.get(OFFLOADING_OPT_IN_ENV) != "1":
-        raise MiniPICConfigError(
-            "MiniPIC's KV offloading (--kv-offloading-size) is not yet proven on a GPU: set "
-            f"{OFFLOADING_OPT_IN_ENV}=1 to try it (exact by design, docs/design.md), or drop the flag"
         )
 
 

@@ -41,7 +41,7 @@ OFFLOAD_ARGS = (
     "--kv-offloading-size", "2",  # GiB of pinned CPU memory: ~131k blocks, nothing evicted from CPU here
     "--seed", "0",
 )  # fmt: skip
-PIC_OFFLOAD = ServerSpec(base_args=OFFLOAD_ARGS, env=(("MINIPIC_EXPERIMENTAL_KV_OFFLOADING", "1"),))
+PIC_OFFLOAD = ServerSpec(base_args=OFFLOAD_ARGS)
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 
 
