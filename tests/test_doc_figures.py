@@ -20,34 +20,41 @@ ROW = re.compile(
 )
 
 
+# Rows each family-harness result has in docs/accuracy.md's tables.
+ACCURACY_TABLE_ROWS = {"accuracy-families-smollm2-h200.json": 21}  # 3 families x 7 layouts
+
+
 def pct(value: float) -> str:
     return f"{value * 100:.1f}"
 
 
-def test_accuracy_table_matches_its_results() -> None:
-    results = json.loads((ROOT / "benchmarks/results/accuracy-families-smollm2-h200.json").read_text())
-    shares = json.loads((ROOT / "benchmarks/results/accuracy-layout-shares-smollm2.json").read_text())
-    family = None
-    rows = 0
-    for line in (ROOT / "docs/accuracy.md").read_text().splitlines():
-        match = ROW.match(line)
-        if not match:
-            continue
-        family = FAMILY_NAMES.get(match["family"], family) if match["family"] else family
-        summary = results["families"][family]["summary"][match["layout"]]
-        assert (match["acc"], match["lo"], match["hi"]) == (
-            pct(summary["accuracy"]), *map(pct, summary["accuracy_ci95"])
-        ), line
-        if match["diff"] is not None:
-            versus = summary["vs_full"]
-            expected = [f"{v * 100:+.1f}" for v in (versus["difference"], *versus["difference_ci95"])]
-            assert [match["diff"], match["dlo"], match["dhi"]] == expected, line
-        assert float(match["computed"]) == round(summary["tokens"]["computed_vs_full"], 2), line
-        if match["steady"] is not None:
-            steady = shares["families"][family][match["layout"]]["from_cache"]
-            assert int(match["steady"]) == round(steady * 100), line
-        rows += 1
-    assert rows == 21  # 3 families x 7 layouts
+def test_accuracy_tables_match_their_results() -> None:
+    """Each family table of docs/accuracy.md against the family-harness result named last before
+    it; the steady column against the layout shares."""
+    shares = _result("accuracy-layout-shares-smollm2.json")
+    rows: dict[str, int] = {}
+    for source, block in _tables((ROOT / "docs/accuracy.md").read_text(), prefix="accuracy-families-"):
+        family = None
+        for line in block:
+            match = ROW.match(line)
+            if not match:
+                continue
+            assert source is not None, line
+            family = FAMILY_NAMES.get(match["family"], family) if match["family"] else family
+            summary = _result(source)["families"][family]["summary"][match["layout"]]
+            assert (match["acc"], match["lo"], match["hi"]) == (
+                pct(summary["accuracy"]), *map(pct, summary["accuracy_ci95"])
+            ), line
+            if match["diff"] is not None:
+                versus = summary["vs_full"]
+                expected = [f"{v * 100:+.1f}" for v in (versus["difference"], *versus["difference_ci95"])]
+                assert [match["diff"], match["dlo"], match["dhi"]] == expected, line
+            assert float(match["computed"]) == round(summary["tokens"]["computed_vs_full"], 2), line
+            if match["steady"] is not None:
+                steady = shares["families"][family][match["layout"]]["from_cache"]
+                assert int(match["steady"]) == round(steady * 100), line
+            rows[source] = rows.get(source, 0) + 1
+    assert rows == ACCURACY_TABLE_ROWS
 
 
 RESULT_FILE = re.compile(r"([\w.-]+\.json)")
@@ -63,8 +70,8 @@ def _printed(name: str) -> list[str] | None:
     return [line for text in tables.TABLES[kind](data) for line in text.split("\n")]
 
 
-def _tables(doc: str) -> list[tuple[str | None, list[str]]]:
-    """Each Markdown table of `doc` with the result file named last before it."""
+def _tables(doc: str, prefix: str = "") -> list[tuple[str | None, list[str]]]:
+    """Each Markdown table of `doc` with the result file (whose name starts with `prefix`) named last before it."""
     found: list[tuple[str | None, list[str]]] = []
     source, block = None, []
     for line in [*doc.splitlines(), ""]:
@@ -74,7 +81,8 @@ def _tables(doc: str) -> list[tuple[str | None, list[str]]]:
         if block:
             found.append((source, block))
             block = []
-        names = [n for n in RESULT_FILE.findall(line) if (ROOT / "benchmarks/results" / n).is_file()]
+        names = [n for n in RESULT_FILE.findall(line)
+                 if n.startswith(prefix) and (ROOT / "benchmarks/results" / n).is_file()]
         source = names[-1] if names else source
     return found
 

@@ -107,9 +107,6 @@ class VllmSource:
                 for node in ast.walk(method):
                     if _assigns_self(node, attribute):
                         return Found(node, cls.module)
-        registered = _registers_parameter(self.module(cls.module), attribute)
-        if registered is not None:
-            return Found(registered, cls.module)
         if depth > 8:
             return None
         for base in cls.node.bases:
@@ -155,17 +152,6 @@ def _assigns(node: ast.AST, name: str) -> bool:
     if isinstance(node, ast.AnnAssign):
         return isinstance(node.target, ast.Name) and node.target.id == name
     return False
-
-
-def _registers_parameter(module: ast.Module | None, name: str) -> ast.AST | None:
-    """A ``layer.register_parameter("name", ...)`` in the class's module: vLLM's layers get their
-    weights from quantization methods defined beside them."""
-    for node in ast.walk(module) if module is not None else ():
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "register_parameter" and node.args
-                and isinstance(node.args[0], ast.Constant) and node.args[0].value == name):
-            return node
-    return None
 
 
 def _assigns_self(node: ast.AST, name: str) -> bool:

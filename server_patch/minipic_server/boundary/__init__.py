@@ -37,7 +37,6 @@ from minipic_server.boundary.table import (
     SCHEDULER_SPLITS_CHUNKS,
     STEP_RECORDS,
     TABLE,
-    UNTIED_HEAD_WEIGHT,
     How,
     Intervention,
     entries_for,
@@ -119,8 +118,7 @@ def check_kv_cache_layout(kv_cache_spec: Any) -> None:
 __all__ = [
     "ALLOW_UNSUPPORTED_ENV", "BAD_WORDS", "CHAIN_STATE", "ENGINE_GAPS", "ENGINE_HASHER", "ENGINE_PIC",
     "ENGINE_PLANNER", "REQUEST_BLOCK_HASHER", "REQUEST_RECORDS", "SCHEDULE", "SCHEDULER_ALLOCATE_SLOTS",
-    "SCHEDULER_CHUNK_END", "SCHEDULER_SPLITS_CHUNKS", "STEP_RECORDS", "SUPPORTED_VLLM", "TABLE", "UNTIED_HEAD_WEIGHT",
-    "VLLM_NAMES",
+    "SCHEDULER_CHUNK_END", "SCHEDULER_SPLITS_CHUNKS", "STEP_RECORDS", "SUPPORTED_VLLM", "TABLE", "VLLM_NAMES",
     "How", "Intervention", "UnsupportedVLLMError", "check_kv_cache_layout", "device_type", "entries_for", "install",
     "patch", "patch_instance", "release", "supported_release", "table_version", "vllm_version",
 ]  # fmt: skip

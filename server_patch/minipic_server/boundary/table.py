@@ -77,11 +77,6 @@ SCHEDULER_ALLOCATE_SLOTS = patch(
     "slots (vLLM's own adoption only takes new requests' prefix hits); the rest of the arguments, which "
     "differ between releases, are passed through", keywords=("request", "num_new_tokens"))
 ENGINE_GAPS = attach("vllm.v1.engine.core:EngineCore._minipic_gaps", "the engine's GapScheduling, once installed")
-# Markers embedded as an ordinary token (`marker_embedding`).
-_EMBEDDING = "vllm.model_executor.layers.vocab_parallel_embedding"
-UNTIED_HEAD_WEIGHT = patch(
-    f"{_EMBEDDING}:ParallelLMHead.weight",
-    "--embed-markers-as: an output head tied to the input embedding gets its own copy before marker rows change")
 
 
 COMMON: tuple[Intervention, ...] = (
@@ -111,8 +106,9 @@ COMMON: tuple[Intervention, ...] = (
          "minipic_server.position_free:wrap_load_model",
          "make the loaded model position-free", ("self", "vllm_config", "model_config", "prefix")),
     use("vllm.v1.attention.backends.registry:AttentionBackendEnum.CUSTOM", "the name the CUDA backend registers"),
-    use(f"{_EMBEDDING}:VocabParallelEmbedding.weight", "--embed-markers-as: marker rows copied from a token's"),
-    UNTIED_HEAD_WEIGHT,
+    use("vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding.forward",
+        "--embed-markers-as: a forward pre-hook maps marker ids before the lookup; output heads read the "
+        "weights without calling it", ("self", "input_")),
     wrap("vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
          "minipic_server.metrics:wrap_update_stats_from_finished",
          "count span reuse per finished request for /metrics (the API server has prompt ids and cache hits here)",
