@@ -158,6 +158,7 @@ def _readme_figures() -> list[str]:
         f"**{_ratio('served-h200-refreshed-heads.json', ISPS, 1)}** stock's samples/s "
         f"({_ratio('served-h200-refreshed-heads.json', ISPS, 32)} with 32 generated tokens",
         f"**{_ratio('served-h200.json', ISPS, 1)}** ({_ratio('served-h200.json', ISPS, 32)};",
+        f"and {_ratio('served-h200-table1-ae8e479.json', ISPS, 1)} at one generated token on commit ae8e479",
         f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
         f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
         f"Attention takes {_attention_range('attention-h200-a4b6f6a-hidden-mask.json', 'prefill_')} FA3's time",
