@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -21,7 +22,11 @@ ROW = re.compile(
 
 
 # Rows each family-harness result has in docs/accuracy.md's tables.
-ACCURACY_TABLE_ROWS = {"accuracy-families-smollm2-h200.json": 21}  # 3 families x 7 layouts
+ACCURACY_TABLE_ROWS = {
+    "accuracy-families-smollm2-h200.json": 21,  # 3 families x 7 layouts
+    "accuracy-families-smollm2-cpu-newline.json": 2,  # single facts: full, refreshed heads
+    "accuracy-families-smollm2-cpu-own.json": 2,
+}
 
 
 def pct(value: float) -> str:
@@ -204,3 +209,17 @@ def test_emulation_table_matches_its_results(results: str) -> None:
             cells.append(f"{diff[0]} [{diff[1]}, {diff[2]}], " + ("p<0.001" if p < 0.001 else f"p={p:.3f}"))
         row = next((line for line in lines if line.startswith(f"| `{variant}`")), None)
         assert row is not None and all(f"| {cell} |" in row for cell in cells), (variant, row, cells)
+
+
+def test_markers_as_newline_comparison_matches_its_results() -> None:
+    """The paired count of docs/accuracy.md: refreshed heads with and without --embed-markers-as."""
+    with_flag, without = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+                          for run in ("newline", "own"))
+    same_full = all(a["answers"]["full"]["text"] == b["answers"]["full"]["text"] for a, b in zip(with_flag, without))
+    verdicts = [(a["answers"]["refreshed_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
+                for a, b in zip(with_flag, without, strict=True)]
+    gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+    p = min(1.0, 2 * sum(math.comb(gained + lost, k) for k in range(min(gained, lost) + 1)) / 2 ** (gained + lost))
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert same_full and "Full attention answered all 300 questions with the same text in both runs" in doc
+    assert f"{gained} answers right only with the flag, {lost} only without (exact McNemar p={p:.2f})" in doc
