@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 from pathlib import Path
 
 import pytest
 import tables
+
+from accuracy_stats import mcnemar_exact
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_NAMES = {"single fact": "single", "two passages (bridge)": "bridge", "synthetic": "synthetic"}
@@ -219,7 +220,7 @@ def test_markers_as_newline_comparison_matches_its_results() -> None:
     verdicts = [(a["answers"]["refreshed_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
                 for a, b in zip(with_flag, without, strict=True)]
     gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
-    p = min(1.0, 2 * sum(math.comb(gained + lost, k) for k in range(min(gained, lost) + 1)) / 2 ** (gained + lost))
+    p = mcnemar_exact(gained, lost)
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert same_full and "Full attention answered all 300 questions with the same text in both runs" in doc
     assert f"{gained} answers right only with the flag, {lost} only without (exact McNemar p={p:.2f})" in doc
