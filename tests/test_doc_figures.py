@@ -224,3 +224,23 @@ def test_markers_as_newline_comparison_matches_its_results() -> None:
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert same_full and "Full attention answered all 300 questions with the same text in both runs" in doc
     assert f"{gained} answers right only with the flag, {lost} only without (exact McNemar p={p:.2f})" in doc
+
+
+def test_single_fact_answers_by_passage_place_match_their_results() -> None:
+    """docs/accuracy.md's table of correct answers by the answering passage's place."""
+    with_flag, without = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+                          for run in ("newline", "own"))
+    counts: dict[int, list[int]] = {}
+    for a, b in zip(without, with_flag, strict=True):
+        row = counts.setdefault(a["gold_positions"][0] + 1, [0, 0, 0, 0])
+        for i, correct in enumerate((True, a["answers"]["full"]["correct"], a["answers"]["refreshed_heads"]["correct"],
+                                     b["answers"]["refreshed_heads"]["correct"])):
+            row[i] += correct
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for place, row in counts.items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    lost = {place: row[1] - row[2] for place, row in counts.items()}
+    later = [sum(counts[place][i] for place in counts if place > 1) for i in (2, 1)]
+    text = " ".join(doc.split())
+    assert f"{lost[1]} of the {sum(lost.values())} answers refreshed heads lose" in text
+    assert f"({later[0]} against {later[1]})" in text
