@@ -212,10 +212,15 @@ def test_emulation_table_matches_its_results(results: str) -> None:
         assert row is not None and all(f"| {cell} |" in row for cell in cells), (variant, row, cells)
 
 
+def _markers_runs() -> tuple[list[dict], list[dict]]:
+    """The single-fact questions of the CPU runs with and without --embed-markers-as newline."""
+    return tuple(_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+                 for run in ("newline", "own"))
+
+
 def test_markers_as_newline_comparison_matches_its_results() -> None:
     """The paired count of docs/accuracy.md: refreshed heads with and without --embed-markers-as."""
-    with_flag, without = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
-                          for run in ("newline", "own"))
+    with_flag, without = _markers_runs()
     same_full = all(a["answers"]["full"]["text"] == b["answers"]["full"]["text"] for a, b in zip(with_flag, without))
     verdicts = [(a["answers"]["refreshed_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
                 for a, b in zip(with_flag, without, strict=True)]
@@ -228,8 +233,7 @@ def test_markers_as_newline_comparison_matches_its_results() -> None:
 
 def test_single_fact_answers_by_passage_place_match_their_results() -> None:
     """docs/accuracy.md's table of correct answers by the answering passage's place."""
-    with_flag, without = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
-                          for run in ("newline", "own"))
+    with_flag, without = _markers_runs()
     counts: dict[int, list[int]] = {}
     for a, b in zip(without, with_flag, strict=True):
         row = counts.setdefault(a["gold_positions"][0] + 1, [0, 0, 0, 0])
