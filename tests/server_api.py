@@ -67,6 +67,18 @@ async def acomplete(
     return _parse(response.json())
 
 
+def complete_after(server: RunningServer, first: list[int], prompt: list[int], max_tokens: int = 4) -> Completion:
+    """`prompt` completed in one request right behind `first`, which vLLM schedules ahead of it:
+    the chunks of `prompt` that share a step with `first` get what is left of the step's budget.
+    Usage counts both prompts; `first` should be one nothing is cached for."""
+    body = _request(server, [first, prompt], max_tokens, 20)
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+    response.raise_for_status()
+    payload = response.json()
+    payload["choices"] = [c for c in payload["choices"] if c["index"] == 1]
+    return _parse(payload)
+
+
 def prefill(server: RunningServer, prompt: list[int]) -> Completion:
     return complete(server, prompt, max_tokens=1, logprobs=None)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pic_reference import TINY, HFReference, Segment, dependent, flatten, random_tokens, span, system
-from server_api import complete, max_logprob_diff, prefill
+from server_api import complete, complete_after, max_logprob_diff, prefill
 
 pytestmark = pytest.mark.server
 
@@ -30,7 +30,10 @@ def in_context(tokens: list[int]) -> Segment:
 
 
 def answer(server, reference, segments: list[Segment], **extra):
-    result = complete(server, flatten(segments), **extra)
+    return matches_reference(complete(server, flatten(segments), **extra), reference, segments)
+
+
+def matches_reference(result, reference, segments: list[Segment]):
     expected_ids, expected_tops = reference.greedy_top_logprobs(segments)
     assert result.token_ids == expected_ids
     assert max_logprob_diff(result.top_logprobs, expected_tops) < LOGPROB_TOL
@@ -71,4 +74,18 @@ def test_gap_chunks_longer_than_the_step_budget(pic_server, reference) -> None:
         prefill(pic_server, list(part.tokens))
     segments = [sys_, doc_a, long_gap, doc_b, dependent(random_tokens(rng, 10))]
     result = answer(pic_server, reference, segments)
+    assert result.cached_tokens == len(sys_.tokens) + len(doc_a.tokens) + len(doc_b.tokens)
+
+
+def test_a_gap_the_step_budget_ends_mid_block_still_reuses_the_span_after_it(pic_server, reference) -> None:
+    """Behind a 1,000-token prompt the gap's first chunk gets what is left of a 256-token step
+    and ends mid-block; the chunk after it must still stop at the cached span and adopt it."""
+    rng = random.Random(24)
+    sys_, doc_a, doc_b = system(random_tokens(rng, 12)), span(random_tokens(rng, 40)), span(random_tokens(rng, 50))
+    long_gap = in_context(random_tokens(rng, 500))
+    for part in (sys_, doc_a, doc_b):
+        prefill(pic_server, list(part.tokens))
+    segments = [sys_, doc_a, long_gap, doc_b, dependent(random_tokens(rng, 10))]
+    result = matches_reference(complete_after(pic_server, random_tokens(rng, 1000), flatten(segments)),
+                               reference, segments)
     assert result.cached_tokens == len(sys_.tokens) + len(doc_a.tokens) + len(doc_b.tokens)

@@ -72,19 +72,22 @@ class GapScheduling:
         self._pending.pop(request.request_id, None)
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         size = self._block_size
-        if start >= request.num_prompt_tokens or start % size or not self._lookup_enabled(request):
+        if start >= request.num_prompt_tokens or not self._lookup_enabled(request):
             return num_new_tokens
         # Like vLLM's lookup, never serve the last prompt token from the cache: it needs logits.
         hit_limit = (request.num_tokens - 1) // size
-        first = start // size
-        run = self._run_to_adopt(request, first, hit_limit) if request.status == RequestStatus.RUNNING else []
+        # A chunk that the step's token budget ended mid-block starts mid-block: it adopts
+        # nothing, but still ends at the next cached run, so the chunk after it adopts that.
+        run = []
+        if start % size == 0 and request.status == RequestStatus.RUNNING:
+            run = self._run_to_adopt(request, start // size, hit_limit)
         if run:
             self._pending[request.request_id] = run
-        begin = (first + len(run)) * size
+        begin = start + len(run) * size
         end = min(begin + num_new_tokens, request.num_tokens)
-        # The block at `begin` is uncached (a run stops before it) unless adoption was not
-        # possible; start looking one block later so the chunk is never empty.
-        for index in range(first + len(run) + 1, min(hit_limit, -(-end // size))):
+        # The block holding `begin` is uncached (a run stops before it) unless adoption was
+        # not possible; start looking one block later so the chunk is never empty.
+        for index in range(begin // size + 1, min(hit_limit, -(-end // size))):
             if self._cached(request.block_hashes[index]) is not None:
                 end = min(end, index * size)
                 break
