@@ -46,7 +46,9 @@ class FakeServer:
     ``"429"``, ``"400"`` (answers that status), ``"drop"`` (connection error
     before an answer), ``"break"`` (a stream that dies after its first chunk),
     ``"abort"`` (a stream whose second event is vLLM's error event, code 500), ``"cut"``
-    (a stream closed cleanly after its first chunk, without ``[DONE]``).
+    (a stream closed cleanly after its first chunk, without ``[DONE]``), ``"shutdown"`` and
+    ``"shutdown-midway"`` (vLLM shutting down: the request ends with finish reason ``abort``
+    before its first token or after it, then ``[DONE]``; a prefill's choices say ``abort``).
     While `down` is set, every request fails to connect (a stopped replica). `gapped_hits`:
     look past a miss as `minipic serve` does (default: vLLM's leading run, the cache most
     scheduling tests were written against).
@@ -153,7 +155,8 @@ class FakeServer:
         tokens = [100 + i for i in range(body["max_tokens"])]
         if not body.get("stream"):
             choices = [
-                {"index": i, "text": "".join(f"t{t} " for t in tokens), "finish_reason": "length"}
+                {"index": i, "text": "".join(f"t{t} " for t in tokens),
+                 "finish_reason": "abort" if fault and fault.startswith("shutdown") else "length"}
                 for i in range(len(records))
             ]
             return httpx.Response(200, json={"choices": choices, "usage": usage})
@@ -165,6 +168,9 @@ class FakeServer:
         events.append({"choices": [], "usage": usage})
         if fault == "abort":
             events[1:] = [{"error": {"message": "EngineCore encountered an issue (injected)", "code": 500}}]
+        elif fault in ("shutdown", "shutdown-midway"):
+            aborted = {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]}
+            events[fault == "shutdown-midway":] = [aborted, {"choices": [], "usage": usage}]
         chunks = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
         return httpx.Response(
             200,

@@ -223,7 +223,7 @@ async def test_a_replica_that_dies_mid_run_loses_its_work_once_and_gets_it_back(
     assert victim.of_kind("span") and victim.of_kind("final")  # placement uses it again
 
 
-@pytest.mark.parametrize("fault", ["break", "abort"])
+@pytest.mark.parametrize("fault", ["break", "abort", "shutdown-midway"])
 async def test_a_replica_failing_mid_answer_hands_the_sample_to_another(fake_fleet: Fleet, fault: str) -> None:
     fleet = fake_fleet(["http://r0", "http://r1"])
     request = one_doc_each(docs(1), uses=1)[0]

@@ -35,7 +35,7 @@ async def warm_client(fake_client):
         yield client
 
 
-@pytest.mark.parametrize("faults", [["503", "503"], ["drop"], ["429", "drop", "503"]])
+@pytest.mark.parametrize("faults", [["503", "503"], ["drop"], ["429", "drop", "503"], ["shutdown"]])
 async def test_transient_faults_are_retried_within_the_bound(fake_server, faults, fake_client):
     fake_server.faults.extend(faults)
     async with fake_client() as client:
@@ -72,9 +72,12 @@ async def test_a_400_is_not_retried_and_carries_the_servers_message(fake_server,
     assert len(fake_server.of_kind("final")) == 2
 
 
-async def test_a_stream_is_retried_before_its_first_chunk(fake_server, warm_client):
+@pytest.mark.parametrize("faults", [["drop", "503"], ["shutdown", "shutdown"]])
+async def test_a_stream_is_retried_before_its_first_chunk(fake_server, warm_client, faults):
+    """Before its first token a stream can simply be sent again: also one the server ended
+    with finish reason ``abort`` (vLLM aborts what is in flight when it shuts down)."""
     client = warm_client
-    fake_server.faults.extend(["drop", "503"])
+    fake_server.faults.extend(faults)
     deltas = [d async for d in client.rag_stream(docs=DOCS, task="q", max_tokens=2)]
     assert deltas == ["t100 ", "t101 "]
     assert len(fake_server.of_kind("final")) == 1 + 3
@@ -152,10 +155,11 @@ async def test_an_unreachable_server_raises_a_transport_error():
         await connection(refuse).get_json("/minipic/info")
 
 
-@pytest.mark.parametrize("fault", ["break", "cut"])
+@pytest.mark.parametrize("fault", ["break", "cut", "shutdown-midway"])
 async def test_a_stream_that_breaks_midway_is_asked_again_by_rag(fake_server, warm_client, fault):
     """rag hands nothing out before the end, so a broken stream (a restart) is simply re-sent;
-    one closed cleanly before ``[DONE]`` (a killed server) is broken too, not a shorter answer."""
+    one closed cleanly before ``[DONE]`` (a killed server) or ended with finish reason ``abort``
+    (a server shutting down) is broken too, not a shorter answer."""
     client = warm_client
     fake_server.faults.extend([fault, "drop"])
     result = await client.rag(docs=DOCS, task="q", max_tokens=3)

@@ -199,9 +199,11 @@ class Connection:
             response = await self._http.request(method, path, json=body, headers=headers)
         _raise_for_status(response)
         try:
-            return response.json()
+            payload = response.json()
         except ValueError as exc:
             raise ServerError(response.status_code, f"invalid JSON from {path}: {exc}") from exc
+        _raise_if_aborted(payload, f"{method} {path}")
+        return payload
 
     async def _open_stream(self, path: str, body: dict[str, Any], headers: dict[str, str] | None) -> _Opened:
         request = self._http.build_request("POST", path, json=body, headers=headers)
@@ -279,8 +281,18 @@ async def _events(response: httpx.Response, what: str, origin: str) -> AsyncGene
             error = event.get("error")
             if error is not None:
                 raise _api_error(error.get("code") or 500, _message(event))
+            _raise_if_aborted(event, what)
             yield event
     raise TransportError(f"{what}: stream ended without [DONE]")
+
+
+def _raise_if_aborted(payload: Any, what: str) -> None:
+    """A choice vLLM ended with finish reason ``abort`` (it aborts every request in flight when
+    it shuts down) has no complete answer: a `TransportError`, retried or failed over, never an
+    answer cut short or empty."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if any(isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices or ()):
+        raise TransportError(f"{what}: the server aborted the request (finish_reason 'abort'; it was shutting down?)")
 
 
 def _raise_for_status(response: httpx.Response) -> None:
