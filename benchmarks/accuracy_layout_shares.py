@@ -17,7 +17,7 @@ import json
 import random
 from pathlib import Path
 
-from minipic_client import BlockAttention, Epic, HiddenSink, RefreshedHeads, Tokenizer
+from minipic_client import BlockAttention, Epic, HiddenSink, LeadInContext, RefreshedHeads, Tokenizer
 from minipic_client.prompt import ChatTemplate, PromptBuilder
 from minipic_client.tokens import TokenCache
 
@@ -28,7 +28,7 @@ from provenance import provenance
 # SmolLM2-135M-Instruct's markers as `minipic serve` picks them (docs/accuracy.md), block size 16.
 MARKERS = {"hsep_token_id": 13, "ssep_token_id": 14, "pdep_token_id": 15, "pad_token_id": 16}
 TECHNIQUES = {"block": BlockAttention(), "hidden_sink": HiddenSink(), "epic1": Epic(1), "epic2": Epic(2),
-              "refreshed_heads": RefreshedHeads()}  # fmt: skip
+              "refreshed_heads": RefreshedHeads(), "lead_refreshed_heads": LeadInContext(RefreshedHeads())}  # fmt: skip
 
 
 def main() -> None:
@@ -53,7 +53,7 @@ def main() -> None:
         for name, technique in TECHNIQUES.items():
             cached = total = plain = 0
             for q in questions:
-                parts = chat.parts(SYSTEM, [technique.span(corpus.texts[i]) for i in q.passages], q.question)
+                parts = chat.parts(SYSTEM, technique.documents([corpus.texts[i] for i in q.passages]), q.question)
                 layout = builder.build(parts, add_special_tokens=False)
                 cached, total = cached + layout.cacheable_tokens, total + len(layout.token_ids)
                 plain += len(builder.build(parts, pic=False, add_special_tokens=False).token_ids)

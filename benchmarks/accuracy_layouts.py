@@ -75,6 +75,9 @@ register("epic2", "EPIC/LegoLink, k=2: each passage's first two blocks recompute
 register_sdk("refreshed_heads", "RefreshedHeads",
              "faithful EPIC from cached blocks: each passage's first block recomputed in context, "
              "its cached copy hidden outside the passage")  # fmt: skip
+register_sdk("lead_refreshed_heads", "LeadInContext",
+             "the first passage computed in context after the system prompt (a PDep segment), "
+             "the others as refreshed heads")  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 

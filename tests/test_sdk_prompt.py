@@ -11,6 +11,7 @@ from minipic_client import (
     Dependent,
     HiddenSink,
     InvalidDocumentError,
+    LeadInContext,
     PromptError,
     RefreshedHeads,
     Span,
@@ -144,6 +145,29 @@ def test_refreshed_heads_put_the_first_block_in_context_then_the_whole_document_
     assert [t for t in document.token_ids[1:] if t != ids["pad"]] == doc_ids
     # The head is computed in context; the prefix and the document span after it are reused (gapped hits).
     assert layout.cacheable_tokens == head + len(document.token_ids)
+
+
+def test_lead_in_context_computes_the_first_documents_after_the_prefix_and_lays_out_the_rest(builder, ids):
+    technique = LeadInContext(RefreshedHeads(), lead=2)
+    layout = builder.build([Text("sys"), *technique.documents([DOC_A, DOC_B, LONG]), Dependent("q")])
+    tokens = layout.token_ids
+    same_rest = builder.build([Text("sys"), Dependent(DOC_A), Dependent(DOC_B), RefreshedHeads().span(LONG),
+                               Dependent("q")])
+    assert tokens == same_rest.token_ids
+    # No prefill for the leading documents: the prefix, then LONG's span, which follows them.
+    assert [p.kind for p in layout.prefills] == ["prefix", "span"]
+    first, second, head = positions(tokens, ids["pdep"])[:3]
+    assert first == B and second % B == 0 and head > second and positions(tokens, ids["hsep"]) == [head + B]
+    assert layout.cacheable_tokens == B + len(layout.prefills[-1].token_ids)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"lead": 0}, "lead must be at least 1"),
+    ({"rest": LeadInContext()}, "rest is a per-document technique"),
+])
+def test_lead_in_context_rejects_what_it_cannot_lay_out(kwargs, match):
+    with pytest.raises(PromptError, match=match):
+        LeadInContext(**kwargs)
 
 
 def test_hidden_sink_spans_open_with_hsep(builder, ids):

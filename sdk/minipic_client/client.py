@@ -430,15 +430,14 @@ class SpanClient:
         check_documents(request.docs)
         if not isinstance(request.task, str) or not request.task.strip():
             raise PromptError(f"task must be a non-empty string, got {request.task!r}")
-        spans = [Span(self._module(name)) for name in request.modules]
         technique = request.technique or self.default_technique
-        spans += [technique.span(doc) for doc in request.docs]
+        documents = [*(Span(self._module(name)) for name in request.modules), *technique.documents(request.docs)]
         chat = self._live.chat
         if chat is not None and not request.raw:
-            parts = chat.parts(request.system, spans, request.task)
+            parts = chat.parts(request.system, documents, request.task)
             return self.layout(parts, strategy=strategy, add_special_tokens=False)
         head: list[Part] = [Text(request.system)] if request.system else []
-        return self.layout([*head, *spans, Dependent(request.task)], strategy=strategy)
+        return self.layout([*head, *documents, Dependent(request.task)], strategy=strategy)
 
     async def generate(
         self,

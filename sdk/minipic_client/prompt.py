@@ -27,6 +27,10 @@ first ``block_size - 1`` tokens, then the whole document as a hidden-head span
 everything after sees the refreshed head instead. A document that fits in one block
 is laid out as a plain span (``hidden``: hiding its only block would hide all of it)
 or entirely dependent (``refreshed``, as EPIC).
+
+A technique turns a call's documents into parts (`documents`): one span each, or
+(`LeadInContext`) the first ones as dependent segments and the rest as another technique
+lays them out.
 """
 
 from __future__ import annotations
@@ -85,16 +89,29 @@ class Dependent:
 Part = Text | Span | Dependent
 
 
+class _SpanEach:
+    """A technique that lays every document out alike, as the span `span` makes of it."""
+
+    __slots__ = ()
+
+    def span(self, text: str) -> Span:
+        raise NotImplementedError
+
+    def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
+        """The documents' parts, in order."""
+        return [self.span(doc) for doc in docs]
+
+
 @dataclass(frozen=True, slots=True)
-class BlockAttention:
-    """Each document is one span, reused whole (the default technique)."""
+class BlockAttention(_SpanEach):
+    """Each document is one span, reused whole."""
 
     def span(self, text: str) -> Span:
         return Span(text)
 
 
 @dataclass(frozen=True, slots=True)
-class Epic:
+class Epic(_SpanEach):
     """EPIC/LegoLink: the first `k` blocks of each document are recomputed in context."""
 
     k: int = 1
@@ -108,7 +125,7 @@ class Epic:
 
 
 @dataclass(frozen=True, slots=True)
-class HiddenSink:
+class HiddenSink(_SpanEach):
     """Block-Attention with each document's first block hidden from everything after its span."""
 
     def span(self, text: str) -> Span:
@@ -116,7 +133,7 @@ class HiddenSink:
 
 
 @dataclass(frozen=True, slots=True)
-class RefreshedHeads:
+class RefreshedHeads(_SpanEach):
     """Faithful EPIC from cached blocks: each document's first block recomputed in context,
     its cached context-free copy hidden from everything outside the document."""
 
@@ -124,7 +141,30 @@ class RefreshedHeads:
         return Span(text, head="refreshed")
 
 
-Technique = BlockAttention | Epic | HiddenSink | RefreshedHeads
+SpanTechnique = BlockAttention | Epic | HiddenSink | RefreshedHeads
+
+
+@dataclass(frozen=True, slots=True)
+class LeadInContext:
+    """The first `lead` documents computed in context, as full attention computes them (each a
+    `Dependent` after the system prompt: vLLM's prefix cache still reuses it wherever the same
+    documents open a prompt), the others laid out by `rest`. Full attention answers best from
+    the first passage; a span layout loses that (docs/accuracy.md), at the price of computing it."""
+
+    rest: SpanTechnique = RefreshedHeads()
+    lead: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rest, _SpanEach):
+            raise PromptError(f"LeadInContext(rest={self.rest!r}): rest is a per-document technique")
+        if self.lead < 1:
+            raise PromptError(f"LeadInContext(lead={self.lead}): lead must be at least 1 (lead=0 is `rest` itself)")
+
+    def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
+        return [*map(Dependent, docs[: self.lead]), *self.rest.documents(docs[self.lead :])]
+
+
+Technique = SpanTechnique | LeadInContext
 
 
 # The layouts by name (the command line's ``--layout``), fastest first; docs/accuracy.md
@@ -135,6 +175,7 @@ TECHNIQUES: dict[str, Technique] = {
     "epic1": Epic(1),
     "epic2": Epic(2),
     "refreshed-heads": RefreshedHeads(),
+    "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
 }
 
 
@@ -338,14 +379,14 @@ class ChatTemplate:
         self._tokenizer = tokenizer
         self._pieces: dict[bool, list[str]] = {}
 
-    def parts(self, system: str | None, spans: Sequence[Span], task: str) -> list[Part]:
-        """``[system turn][user turn: spans, PDep task][assistant header]``."""
+    def parts(self, system: str | None, documents: Sequence[Span | Dependent], task: str) -> list[Part]:
+        """``[system turn][user turn: documents, PDep task][assistant header]``."""
         parts: list[Part] = []
         for piece in self._split(bool(system)):
             if piece == _SYSTEM:
                 parts.append(Text(system or ""))
             elif piece == _DOCS:
-                parts.extend(spans)
+                parts.extend(documents)
             elif piece == _TASK:
                 parts.append(Dependent(task))
             elif piece:
