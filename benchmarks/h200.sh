@@ -2,7 +2,8 @@
 # MiniPIC's H200 benchmarks in one device call (after the two-call vLLM bundle of
 # ../shared/device/README.md). Carry: .devbundle/b, .devdata (Llama-3.1-8B config.json,
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
-# and .whl (py-spy, for --profile). Usage, from the repository root:
+# and .whl (the SDK's httpx-sse and httpx-aiohttp, py-spy for --profile): `bash
+# tools/device-carry.sh` makes both. Usage, from the repository root:
 #   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|replicas|load|accuracy [its args...]
 # Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
 # now + 570) bounds the step, so servers are always stopped before a device call's limit.
