@@ -134,21 +134,33 @@ async def reset_cache(url: str) -> None:
         (await http.post("/reset_prefix_cache")).raise_for_status()
 
 
-def connect(url: str, server: Server, args: argparse.Namespace, events: list[RequestEvent]) -> SpanClient:
+def connect(
+    url: str, server: Server, args: argparse.Namespace, events: list[RequestEvent], layout: str | None = None
+) -> SpanClient:
+    """The SDK's client for `server`, laying documents out as `layout` (a `TECHNIQUES` name;
+    None: the first of ``--layout``, else the SDK's default)."""
+    layout = layout or args.layouts[0]
     return SpanClient(
         url, tokenizer=args.tokenizer, max_in_flight=None if server.pic else server.max_num_seqs,
         on_request=events.append, allow_stock_server=not server.pic,
-        technique=TECHNIQUES[args.layout] if args.layout else None,
+        technique=TECHNIQUES[layout] if layout else None,
     )  # fmt: skip
 
 
+def layout_name(client: SpanClient) -> str:
+    """The client's default layout by its `TECHNIQUES` name (its class name if it has none)."""
+    technique = client.default_technique
+    return next((name for name, t in TECHNIQUES.items() if t == technique), type(technique).__name__)
+
+
 async def table1_row(
-    url: str, server: Server, name: str, strategy: Strategy, requests: list[RagRequest], args, repeat: int
+    url: str, server: Server, name: str, strategy: Strategy, requests: list[RagRequest], args, repeat: int,
+    layout: str | None = None,
 ) -> dict:
     events: list[RequestEvent] = []
     await reset_cache(url)
-    async with connect(url, server, args, events) as client:
-        layout = type(client.default_technique).__name__ if server.pic else "plain"
+    async with connect(url, server, args, events, layout) as client:
+        layout = layout_name(client) if server.pic else "plain"
         started = time.perf_counter()
         results = [r async for _, r in client.rag_many(requests, strategy=strategy)]
         elapsed = time.perf_counter() - started
@@ -368,15 +380,18 @@ async def measure_server(
             result["span_prefills"].append(await span_prefills(url, server, distinct_passages, args))
             save()
         if "table1" in args.parts:
-            for name, strategy in ROWS[server.name]:
+            # Several layouts on one minipic server: a row each, named with its layout.
+            layouts = args.layouts if server.pic else [None]
+            for (name, strategy), layout in itertools.product(ROWS[server.name], layouts):
                 if server.pic and strategy.value not in args.strategies:
                     continue
+                row_name = f"{name}, {layout}" if len(layouts) > 1 else name
                 for (max_tokens, requests), repeat in itertools.product(requests_by_tokens.items(),
                                                                         range(args.repeats)):
                     profile = args.profile and server.pic and strategy is Strategy.ISPS and max_tokens == 1
-                    path = args.out.parent / f"{args.out.stem}-{server.name}-pyspy.txt"
+                    path = args.out.parent / f"{args.out.stem}-{server.name}-{layout or 'default'}-pyspy.txt"
                     with profiled(process, path, args.profile_seconds, profile and repeat == 0):
-                        row = await table1_row(url, server, name, strategy, requests, args, repeat)
+                        row = await table1_row(url, server, row_name, strategy, requests, args, repeat, layout)
                     result["table1"].append(row)
                     save()
         if server.name in ("stock", "stock-fa3", "pic-256"):
@@ -459,8 +474,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=1,
                         help="table1: runs of each row, back to back on the same server, cache reset before each")
-    parser.add_argument("--layout", choices=list(TECHNIQUES),
-                        help="the minipic rows' layout (default: the SDK's default, RefreshedHeads)")
+    parser.add_argument("--layout", nargs="+", choices=list(TECHNIQUES), default=[None], dest="layouts",
+                        help="the minipic rows' layouts, Table 1 rows for each (default: the SDK's default); "
+                             "the other parts use the first")
     parser.add_argument("--figure2-reps", type=int, default=3)
     parser.add_argument("--figure2-docs", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--long-doc-tokens", type=int, default=4096)
