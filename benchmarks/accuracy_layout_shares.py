@@ -28,7 +28,8 @@ from provenance import provenance
 # SmolLM2-135M-Instruct's markers as `minipic serve` picks them (docs/accuracy.md), block size 16.
 MARKERS = {"hsep_token_id": 13, "ssep_token_id": 14, "pdep_token_id": 15, "pad_token_id": 16}
 TECHNIQUES = {"block": BlockAttention(), "hidden_sink": HiddenSink(), "epic1": Epic(1), "epic2": Epic(2),
-              "refreshed_heads": RefreshedHeads(), "lead_refreshed_heads": LeadInContext(RefreshedHeads())}  # fmt: skip
+              "refreshed_heads": RefreshedHeads(), "lead_refreshed_heads": LeadInContext(RefreshedHeads()),
+              "refreshed_heads_joined": RefreshedHeads(join_prefix=True)}  # fmt: skip
 
 
 def main() -> None:

@@ -78,6 +78,9 @@ register_sdk("refreshed_heads", "RefreshedHeads",
 register_sdk("lead_refreshed_heads", "LeadInContext",
              "the first passage computed in context after the system prompt (a PDep segment), "
              "the others as refreshed heads")  # fmt: skip
+register("refreshed_heads_joined", "refreshed heads, the first passage's head continuing the prefix: no pad or "
+         "marker between the start of the user turn and the first passage",
+         technique=lambda ctx: minipic_client.RefreshedHeads(join_prefix=True))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 

@@ -57,7 +57,7 @@ class Text:
     template: bool = False
 
 
-Head = Literal["shown", "hidden", "refreshed"]
+Head = Literal["shown", "hidden", "refreshed", "joined"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,8 @@ class Span:
     head: Head = "shown"
 
     def __post_init__(self) -> None:
-        if self.head not in ("shown", "hidden", "refreshed"):
-            raise PromptError(f"Span(head={self.head!r}): head is 'shown', 'hidden' or 'refreshed'")
+        if self.head not in ("shown", "hidden", "refreshed", "joined"):
+            raise PromptError(f"Span(head={self.head!r}): head is 'shown', 'hidden', 'refreshed' or 'joined'")
         if self.recompute_blocks and self.head != "shown":
             raise PromptError(
                 f"Span(recompute_blocks={self.recompute_blocks}, head={self.head!r}): EPIC's split heads "
@@ -135,10 +135,20 @@ class HiddenSink(_SpanEach):
 @dataclass(frozen=True, slots=True)
 class RefreshedHeads(_SpanEach):
     """Faithful EPIC from cached blocks: each document's first block recomputed in context,
-    its cached context-free copy hidden from everything outside the document."""
+    its cached context-free copy hidden from everything outside the document.
+    ``join_prefix``: the first document's head continues the prompt's prefix (``head="joined"``),
+    so no pad or marker stands between the start of the user turn and the first document."""
+
+    join_prefix: bool = False
 
     def span(self, text: str) -> Span:
         return Span(text, head="refreshed")
+
+    def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
+        spans = [self.span(doc) for doc in docs]
+        if self.join_prefix and spans:
+            spans[0] = Span(docs[0], head="joined")
+        return spans
 
 
 SpanTechnique = BlockAttention | Epic | HiddenSink | RefreshedHeads
@@ -246,6 +256,7 @@ class PromptBuilder:
         self._pad_id = pad_token_id
         self._hsep = hsep_token_id
         self._segment = lru_cache(maxsize=cache_size)(self._build_segment)
+        self._prefix_and_head = lru_cache(maxsize=cache_size)(self._build_prefix_and_head)
 
     def build(
         self, parts: Sequence[Part], *, pic: bool = True, add_special_tokens: bool = True
@@ -260,8 +271,13 @@ class PromptBuilder:
         prefills: list[Prefill] = []
         prefilled: list[tuple[int, int]] = []  # where each prefilled piece sits
         last = len(groups) - 1
+        joined = self._joined_body(groups)
         for i, (opener, texts) in enumerate(groups):
-            for piece in self._segment(opener, texts, add_special_tokens and i == 0, i < last):
+            if joined is not None and i < 2:
+                pieces = self._prefix_and_head(texts, add_special_tokens, joined) if i == 0 else ()
+            else:
+                pieces = self._segment(opener, texts, add_special_tokens and i == 0, i < last)
+            for piece in pieces:
                 if piece.prefill is not None:
                     prefills.append(piece.prefill)
                     prefilled.append((len(ids), len(ids) + len(piece.token_ids)))
@@ -270,6 +286,28 @@ class PromptBuilder:
         limit = max(len(ids) - 1, 0) // self._block * self._block
         cacheable = sum(max(0, min(end, limit) - start) for start, end in prefilled)
         return PromptLayout(ids, tuple(prefills), cacheable)
+
+    def _joined_body(self, groups: list[tuple[_Opener, tuple[Text, ...]]]) -> TokenIds | None:
+        """The tokens of a ``head="joined"`` span right after the prefix whose head can join it:
+        one longer than the head, on a server with HSep (else it is laid out as 'refreshed')."""
+        if len(groups) < 3 or not isinstance(opener := groups[1][0], Span) or opener.head != "joined":
+            return None
+        body = self._tokens.encode(opener.text)
+        return body if self._hsep is not None and len(body) > self._block - 1 else None
+
+    def _build_prefix_and_head(self, texts: tuple[Text, ...], leading: bool, body: TokenIds) -> tuple[_Piece, ...]:
+        """``[prefix head][HSep body pad..]``: the prefix continued by the document's first
+        ``block_size - 1`` tokens, its padding moved before its last template text (a chat
+        template's end of the system turn and start of the user turn), else before the head."""
+        encode = self._tokens.encode
+        split = len(texts) - 1 if texts and texts[-1].template else len(texts)
+        before = (self._tokens.leading_ids if leading else ()) + tuple(
+            t for text in texts[:split] for t in encode(text.text, template=text.template)
+        )
+        after = (*(t for text in texts[split:] for t in encode(text.text, template=text.template)),
+                 *body[: self._block - 1])  # fmt: skip
+        ids = (*before, *(self._pad_id,) * (-(len(before) + len(after)) % self._block), *after)
+        return (_Piece(ids, Prefill.of("prefix", ids)), self._span_piece(self._hsep, body))
 
     def _plain(self, parts: Sequence[Part], add_special_tokens: bool) -> PromptLayout:
         ids = list(self._tokens.leading_ids) if add_special_tokens else []
@@ -312,11 +350,11 @@ class PromptBuilder:
             )
         head_len = self._block - 1
         if len(body) <= head_len:  # the document fits in the head block
-            if opener.head == "refreshed":
+            if opener.head in ("refreshed", "joined"):
                 return (self._head_piece(body, head_len),)
             return (self._span_piece(self._ssep, body),)
         span = self._span_piece(self._hsep, body)
-        if opener.head == "refreshed":
+        if opener.head in ("refreshed", "joined"):
             return (self._head_piece(body, head_len), span)
         return (span,)
 
