@@ -170,6 +170,33 @@ def test_lead_in_context_rejects_what_it_cannot_lay_out(kwargs, match):
         LeadInContext(**kwargs)
 
 
+def test_a_joined_head_continues_the_prefix_with_its_padding_before_the_last_template_text(builder, ids,
+                                                                                         sdk_tokenizer):
+    doc_ids = sdk_tokenizer.encode(LONG, add_special_tokens=False)
+    turn = "<|im_end|>\n<|im_start|>user\n"
+    parts = [Text("sys"), Text(turn, template=True), *RefreshedHeads(join_prefix=True).documents([LONG, DOC_A]),
+             Dependent("q")]
+    layout = builder.build(parts)
+    tokens = layout.token_ids
+    (span, second), first_pdep = positions(tokens, ids["hsep"]), positions(tokens, ids["pdep"])[0]
+    turn_ids = list(sdk_tokenizer.encode(turn, add_special_tokens=False))
+    # [sys pad..][turn][head] fills whole blocks; then the whole document as a hidden-head span.
+    assert span % B == 0 and tokens[span - B + 1 : span] == doc_ids[: B - 1] == tokens[span + 1 : span + B]
+    assert tokens[span - B + 1 - len(turn_ids) : span - B + 1] == turn_ids
+    assert ids["pad"] in tokens[: span - B + 1 - len(turn_ids)] and first_pdep > span  # DOC_A's head is refreshed
+    assert [p.kind for p in layout.prefills] == ["prefix", "span", "span"]
+    assert list(layout.prefills[0].token_ids) == tokens[:span] and second > first_pdep
+
+
+def test_a_joined_head_not_right_after_the_prefix_is_a_refreshed_one(builder):
+    def laid_out(head: str, *before: Span) -> list[int]:
+        spans = (Span(LONG, head=head), Span("short", head=head))
+        return builder.build([Text("sys"), *before, *spans, Dependent("q")]).token_ids
+
+    assert laid_out("joined", Span(DOC_A)) == laid_out("refreshed", Span(DOC_A))  # a module span first
+    assert laid_out("joined") != laid_out("refreshed")  # right after the prefix: joined
+
+
 def test_hidden_sink_spans_open_with_hsep(builder, ids):
     layout = builder.build([Text("sys"), HiddenSink().span(LONG), HiddenSink().span("short"), Dependent("q")])
     tokens = layout.token_ids
@@ -194,7 +221,7 @@ def test_hidden_heads_need_a_server_that_publishes_hsep(client_tokenizer, ids):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"head": "secret"}, "head is 'shown', 'hidden' or 'refreshed'"),
+    ({"head": "secret"}, "head is 'shown', 'hidden', 'refreshed' or 'joined'"),
     ({"head": "hidden", "recompute_blocks": 1}, "do not combine"),
 ])
 def test_bad_span_heads_are_refused(kwargs, match):
