@@ -157,7 +157,7 @@ def main() -> None:
     run_id = uuid.uuid4().hex[:12]
     options = {"tokenizer": tokenizer, "longest": longest, "max_tokens": args.max_tokens, "run_id": run_id}
 
-    started = time.perf_counter()
+    started, source = time.perf_counter(), provenance()  # the tree the run starts from, not the one it ends in
     with local_server(args.model, server_args, args.log) as url:
         results = asyncio.run(run(url, families, corpus, layouts, **options))
     if args.stock:
@@ -171,7 +171,7 @@ def main() -> None:
     report = {
         "schema": SCHEMA,
         "meta": {
-            **provenance(), "model": args.model.name, "server_args": server_args, "system": SYSTEM,
+            **source, "model": args.model.name, "server_args": server_args, "system": SYSTEM,
             "passages_file": args.passages.name, "passages_sha256": hashlib.sha256(raw).hexdigest(),
             "passages_usable": f"{len(corpus.usable)} of {len(passages)}", "seed": args.seed,
             "questions_per_family": args.questions, "docs_per_prompt": args.docs, "pool": args.pool,
