@@ -27,6 +27,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h200.json": 21,  # 3 families x 7 layouts
     "accuracy-families-smollm2-cpu-newline.json": 2,  # single facts: full, refreshed heads
     "accuracy-families-smollm2-cpu-own.json": 2,
+    "accuracy-families-smollm2-cpu-lead.json": 3,  # single facts: full, refreshed heads, lead in context
 }
 
 
@@ -248,3 +249,30 @@ def test_single_fact_answers_by_passage_place_match_their_results() -> None:
     text = " ".join(doc.split())
     assert f"{lost[1]} of the {sum(lost.values())} answers refreshed heads lose" in text
     assert f"({later[0]} against {later[1]})" in text
+
+
+def _by_place(result: str, layouts: list[str]) -> dict[int, list[int]]:
+    """Single-fact questions by the answering passage's place: [questions, correct per layout]."""
+    counts: dict[int, list[int]] = {}
+    for q in _result(result)["families"]["single"]["questions"]:
+        row = counts.setdefault(q["gold_positions"][0] + 1, [0] * (len(layouts) + 1))
+        for i, correct in enumerate((True, *(q["answers"][name]["correct"] for name in layouts))):
+            row[i] += correct
+    return counts
+
+
+def test_the_first_place_figures_of_the_lead_run_and_of_the_h200_markers_match_their_results() -> None:
+    """docs/accuracy.md on `lead_refreshed_heads` by place, and `pdep_passages` on the H200 by place."""
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    lead = _by_place("accuracy-families-smollm2-cpu-lead.json", ["full", "refreshed_heads", "lead_refreshed_heads"])
+    for place, row in lead.items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    text = " ".join(doc.split())
+    _, full, refreshed, leading = lead[1]
+    assert f"wins back {leading - refreshed} of the first place's {full - refreshed} lost answers" in text
+    markers = _by_place("accuracy-families-smollm2-h200.json", ["full", "pdep_passages"])
+    questions, full, pdep = (sum(markers[p][i] for p in markers if p > 1) for i in range(3))
+    first = markers[1]
+    assert (f"answers {first[2]} of the {first[0]} first-place questions against full attention's {first[1]}, "
+            f"a loss of {first[1] - first[2]}, and {pdep} of the {questions} others against {full}, "
+            f"a loss of {full - pdep}") in text
