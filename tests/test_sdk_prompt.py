@@ -174,7 +174,7 @@ def test_a_joined_head_continues_the_prefix_with_its_padding_before_the_last_tem
                                                                                          sdk_tokenizer):
     doc_ids = sdk_tokenizer.encode(LONG, add_special_tokens=False)
     turn = "<|im_end|>\n<|im_start|>user\n"
-    parts = [Text("sys"), Text(turn, template=True), *RefreshedHeads(join_prefix=True).documents([LONG, DOC_A]),
+    parts = [Text(DOC_B * 2), Text(turn, template=True), *RefreshedHeads(join_prefix=True).documents([LONG, DOC_A]),
              Dependent("q")]
     layout = builder.build(parts)
     tokens = layout.token_ids
@@ -184,8 +184,10 @@ def test_a_joined_head_continues_the_prefix_with_its_padding_before_the_last_tem
     assert span % B == 0 and tokens[span - B + 1 : span] == doc_ids[: B - 1] == tokens[span + 1 : span + B]
     assert tokens[span - B + 1 - len(turn_ids) : span - B + 1] == turn_ids
     assert ids["pad"] in tokens[: span - B + 1 - len(turn_ids)] and first_pdep > span  # DOC_A's head is refreshed
-    assert [p.kind for p in layout.prefills] == ["prefix", "span", "span"]
-    assert list(layout.prefills[0].token_ids) == tokens[:span] and second > first_pdep
+    # Prefilled: the prefix's whole blocks before the padding (every prompt's) and the spans.
+    assert [p.kind for p in layout.prefills] == ["prefix", "span", "span"] and second > first_pdep
+    assert list(layout.prefills[0].token_ids) == tokens[: len(layout.prefills[0].token_ids)]
+    assert len(layout.prefills[0].token_ids) == tokens.index(ids["pad"]) // B * B > 0
 
 
 def test_a_joined_head_not_right_after_the_prefix_is_a_refreshed_one(builder):

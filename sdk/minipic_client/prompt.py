@@ -298,7 +298,9 @@ class PromptBuilder:
     def _build_prefix_and_head(self, texts: tuple[Text, ...], leading: bool, body: TokenIds) -> tuple[_Piece, ...]:
         """``[prefix head][HSep body pad..]``: the prefix continued by the document's first
         ``block_size - 1`` tokens, its padding moved before its last template text (a chat
-        template's end of the system turn and start of the user turn), else before the head."""
+        template's end of the system turn and start of the user turn), else before the head.
+        The prefix's whole blocks before the padding are the same in every prompt: prefilled;
+        the rest, which holds the document's head, is computed in the final prompt."""
         encode = self._tokens.encode
         split = len(texts) - 1 if texts and texts[-1].template else len(texts)
         before = (self._tokens.leading_ids if leading else ()) + tuple(
@@ -306,8 +308,10 @@ class PromptBuilder:
         )
         after = (*(t for text in texts[split:] for t in encode(text.text, template=text.template)),
                  *body[: self._block - 1])  # fmt: skip
-        ids = (*before, *(self._pad_id,) * (-(len(before) + len(after)) % self._block), *after)
-        return (_Piece(ids, Prefill.of("prefix", ids)), self._span_piece(self._hsep, body))
+        shared = len(before) // self._block * self._block
+        rest = (*before[shared:], *(self._pad_id,) * (-(len(before) + len(after)) % self._block), *after)
+        pieces = (_Piece(before[:shared], Prefill.of("prefix", before[:shared])),) if shared else ()
+        return (*pieces, _Piece(rest, None), self._span_piece(self._hsep, body))
 
     def _plain(self, parts: Sequence[Part], add_special_tokens: bool) -> PromptLayout:
         ids = list(self._tokens.leading_ids) if add_special_tokens else []
