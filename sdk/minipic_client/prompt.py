@@ -301,13 +301,9 @@ class PromptBuilder:
         template's end of the system turn and start of the user turn), else before the head.
         The prefix's whole blocks before the padding are the same in every prompt: prefilled;
         the rest, which holds the document's head, is computed in the final prompt."""
-        encode = self._tokens.encode
         split = len(texts) - 1 if texts and texts[-1].template else len(texts)
-        before = (self._tokens.leading_ids if leading else ()) + tuple(
-            t for text in texts[:split] for t in encode(text.text, template=text.template)
-        )
-        after = (*(t for text in texts[split:] for t in encode(text.text, template=text.template)),
-                 *body[: self._block - 1])  # fmt: skip
+        before = (self._tokens.leading_ids if leading else ()) + self._text_ids(texts[:split])
+        after = self._text_ids(texts[split:]) + body[: self._block - 1]
         shared = len(before) // self._block * self._block
         rest = (*before[shared:], *(self._pad_id,) * (-(len(before) + len(after)) % self._block), *after)
         pieces = (_Piece(before[:shared], Prefill.of("prefix", before[:shared])),) if shared else ()
@@ -322,8 +318,7 @@ class PromptBuilder:
     def _build_segment(
         self, opener: _Opener, texts: tuple[Text, ...], leading: bool, followed: bool
     ) -> tuple[_Piece, ...]:
-        encode = self._tokens.encode
-        trailing = tuple(t for text in texts for t in encode(text.text, template=text.template))
+        trailing = self._text_ids(texts)
         if opener is None:
             ids = (self._tokens.leading_ids if leading else ()) + trailing
             if not ids:
@@ -344,6 +339,9 @@ class PromptBuilder:
         if head_len >= len(body):
             return (self._head_piece(body, head_len),)
         return (self._head_piece(body, head_len), self._span_piece(self._ssep, body[head_len:]))
+
+    def _text_ids(self, texts: Sequence[Text]) -> TokenIds:
+        return tuple(t for text in texts for t in self._tokens.encode(text.text, template=text.template))
 
     def _hidden_head_span(self, opener: Span, body: TokenIds) -> tuple[_Piece, ...]:
         """``[HSep body pad..]``, after ``[PDep head]`` for a refreshed head (see the module)."""
