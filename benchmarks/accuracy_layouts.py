@@ -81,6 +81,9 @@ register_sdk("lead_refreshed_heads", "LeadInContext",
 register("refreshed_heads_joined", "refreshed heads, the first passage's head continuing the prefix: no pad or "
          "marker between the start of the user turn and the first passage",
          technique=lambda ctx: minipic_client.RefreshedHeads(join_prefix=True))  # fmt: skip
+register("lead_text_refreshed_heads", "the first passage continuing the prefix as plain text (no marker or pad "
+         "before it), the others as refreshed heads",
+         technique=lambda ctx: minipic_client.LeadInContext(as_text=True))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 

@@ -163,6 +163,7 @@ class LeadInContext:
 
     rest: SpanTechnique = RefreshedHeads()
     lead: int = 1
+    as_text: bool = False  # the leading documents continue the prefix: no marker or pad before them
 
     def __post_init__(self) -> None:
         if not isinstance(self.rest, _SpanEach):
@@ -170,8 +171,8 @@ class LeadInContext:
         if self.lead < 1:
             raise PromptError(f"LeadInContext(lead={self.lead}): lead must be at least 1 (lead=0 is `rest` itself)")
 
-    def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
-        return [*map(Dependent, docs[: self.lead]), *self.rest.documents(docs[self.lead :])]
+    def documents(self, docs: Sequence[str]) -> list[Part]:
+        return [*map(Text if self.as_text else Dependent, docs[: self.lead]), *self.rest.documents(docs[self.lead :])]
 
 
 Technique = SpanTechnique | LeadInContext
@@ -419,7 +420,7 @@ class ChatTemplate:
         self._tokenizer = tokenizer
         self._pieces: dict[bool, list[str]] = {}
 
-    def parts(self, system: str | None, documents: Sequence[Span | Dependent], task: str) -> list[Part]:
+    def parts(self, system: str | None, documents: Sequence[Part], task: str) -> list[Part]:
         """``[system turn][user turn: documents, PDep task][assistant header]``."""
         parts: list[Part] = []
         for piece in self._split(bool(system)):
