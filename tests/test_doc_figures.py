@@ -28,6 +28,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-newline.json": 2,  # single facts: full, refreshed heads
     "accuracy-families-smollm2-cpu-own.json": 2,
     "accuracy-families-smollm2-cpu-lead.json": 3,  # single facts: full, refreshed heads, lead in context
+    "accuracy-families-smollm2-cpu-joined.json": 2,  # single facts: full, the first head joined to the prefix
 }
 
 
@@ -276,3 +277,19 @@ def test_the_first_place_figures_of_the_lead_run_and_of_the_h200_markers_match_t
     assert (f"answers {first[2]} of the {first[0]} first-place questions against full attention's {first[1]}, "
             f"a loss of {first[1] - first[2]}, and {pdep} of the {questions} others against {full}, "
             f"a loss of {full - pdep}") in text
+
+
+def test_the_joined_heads_first_place_and_pairing_match_their_results() -> None:
+    """docs/accuracy.md on `refreshed_heads_joined`: its first place, and against refreshed heads
+    (the lead run's: the same questions, full attention's verdicts equal in both runs)."""
+    joined, lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+                    for run in ("joined", "lead"))
+    assert all(a["answers"]["full"]["correct"] == b["answers"]["full"]["correct"] for a, b in zip(joined, lead))
+    first = _by_place("accuracy-families-smollm2-cpu-joined.json", ["refreshed_heads_joined"])[1]
+    assert first[1] == _by_place("accuracy-families-smollm2-cpu-lead.json", ["lead_refreshed_heads"])[1][1]
+    verdicts = [(a["answers"]["refreshed_heads_joined"]["correct"], b["answers"]["refreshed_heads"]["correct"])
+                for a, b in zip(joined, lead, strict=True)]
+    gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+    text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert f"It answers {first[1]} of the {first[0]} first-place questions, as `LeadInContext` does" in text
+    assert f"{gained} answers turn right and {lost} wrong (exact McNemar p={mcnemar_exact(gained, lost):.2f})" in text
