@@ -15,6 +15,7 @@ from minipic_client import (
     Dependent,
     Epic,
     InvalidDocumentError,
+    LeadInContext,
     PromptError,
     PromptTooLongError,
     RagRequest,
@@ -253,6 +254,8 @@ async def test_prompt_cache_modules_are_named_spans(fake_server, fake_client):
             )
         with pytest.raises(PromptError, match="unknown module 'fewshot'"):
             await client.rag(modules=["fewshot"], task="q")
+        with pytest.raises(PromptError, match="cannot follow modules"):
+            await client.rag(modules=["policy"], docs=DOCS[:1], task="q", technique=LeadInContext(as_text=True))
     assert len(fake_server.of_kind("span")) == 3  # the module once, two documents
 
 

@@ -431,7 +431,13 @@ class SpanClient:
         if not isinstance(request.task, str) or not request.task.strip():
             raise PromptError(f"task must be a non-empty string, got {request.task!r}")
         technique = request.technique or self.default_technique
-        documents = [*(Span(self._module(name)) for name in request.modules), *technique.documents(request.docs)]
+        laid_out = technique.documents(request.docs)
+        if request.modules and laid_out and isinstance(laid_out[0], Text):
+            raise PromptError(
+                f"{technique!r} continues the system prompt with the first documents as text, so they "
+                "cannot follow modules (spans); pass modules=() or another technique"
+            )
+        documents = [*(Span(self._module(name)) for name in request.modules), *laid_out]
         chat = self._live.chat
         if chat is not None and not request.raw:
             parts = chat.parts(request.system, documents, request.task)
