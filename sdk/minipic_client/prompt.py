@@ -26,7 +26,10 @@ first ``block_size - 1`` tokens, then the whole document as a hidden-head span
 ``[HSep document pad..]``: the span's tokens attend to their own context-free head,
 everything after sees the refreshed head instead. A document that fits in one block
 is laid out as a plain span (``hidden``: hiding its only block would hide all of it)
-or entirely dependent (``refreshed``, as EPIC).
+or entirely dependent (``refreshed``, as EPIC). ``head="joined"`` is ``refreshed`` whose
+head, when the span directly follows the prompt's prefix, continues the prefix segment
+instead of opening a ``[PDep head]`` of its own (the prefix's padding moves before its
+last template text), so nothing stands between the prefix and the document.
 
 A technique turns a call's documents into parts (`documents`): one span each, or
 (`LeadInContext`) the first ones as dependent segments and the rest as another technique
