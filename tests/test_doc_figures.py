@@ -29,6 +29,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-own.json": 2,
     "accuracy-families-smollm2-cpu-lead.json": 3,  # single facts: full, refreshed heads, lead in context
     "accuracy-families-smollm2-cpu-joined.json": 2,  # single facts: full, the first head joined to the prefix
+    "accuracy-families-smollm2-cpu-lead-text.json": 2,  # single facts: full, the first passage as prefix text
 }
 
 
@@ -293,3 +294,21 @@ def test_the_joined_heads_first_place_and_pairing_match_their_results() -> None:
     text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert f"It answers {first[1]} of the {first[0]} first-place questions, as `LeadInContext` does" in text
     assert f"{gained} answers turn right and {lost} wrong (exact McNemar p={mcnemar_exact(gained, lost):.2f})" in text
+
+
+def test_the_text_lead_runs_places_and_pairing_match_their_results() -> None:
+    """docs/accuracy.md on `lead_text_refreshed_heads`: by place, and against the lead run's refreshed heads."""
+    text_lead, lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+                       for run in ("lead-text", "lead"))
+    assert all(a["answers"]["full"]["correct"] == b["answers"]["full"]["correct"] for a, b in zip(text_lead, lead))
+    places = _by_place("accuracy-families-smollm2-cpu-lead-text.json", ["full", "lead_text_refreshed_heads"])
+    refreshed_first = _by_place("accuracy-families-smollm2-cpu-lead.json", ["refreshed_heads"])[1][1]
+    others = [sum(places[p][i] for p in places if p > 1) for i in range(3)]
+    verdicts = [(a["answers"]["lead_text_refreshed_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
+                for a, b in zip(text_lead, lead, strict=True)]
+    gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"It answers {places[1][2]} of the {places[1][0]} first-place questions (full attention {places[1][1]}, "
+            f"refreshed heads {refreshed_first}), and {others[2]} of the {others[0]} others (full {others[1]})") in doc
+    assert f"{gained} answers turn right and {lost} wrong (exact McNemar p={mcnemar_exact(gained, lost):.2f})" in doc
+    assert f"the {100 * (gained - lost) / len(verdicts):.1f}-point gain over refreshed heads" in doc
