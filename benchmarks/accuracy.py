@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--questions", type=int, default=300, help="questions per family")
+    parser.add_argument("--family-questions", nargs="+", default=[], metavar="FAMILY=N",
+                        help="another count for some families, e.g. single=1200 (bridge has about 330 at most)")
     parser.add_argument("--docs", type=int, default=6, help="passages per prompt, the answering ones included")
     parser.add_argument("--pool", type=int, default=150,
                         help="other passages in a family's distractor pool, besides its questions' own")
@@ -148,7 +150,8 @@ def main() -> None:
     lengths = [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts]
     corpus.usable = {i for i, n in enumerate(lengths) if n <= args.max_passage_tokens}
     facts = extract_facts(passages)
-    families = {name: build_family(name, facts, corpus, args.questions, args.docs, args.pool,
+    counts = {name: args.questions for name in args.families} | family_counts(args.family_questions)
+    families = {name: build_family(name, facts, corpus, counts[name], args.docs, args.pool,
                                    random.Random(f"{args.seed}:{name}"))
                 for name in args.families}  # fmt: skip
     lengths += [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts[len(lengths):]]
@@ -174,7 +177,8 @@ def main() -> None:
             **source, "model": args.model.name, "server_args": server_args, "system": SYSTEM,
             "passages_file": args.passages.name, "passages_sha256": hashlib.sha256(raw).hexdigest(),
             "passages_usable": f"{len(corpus.usable)} of {len(passages)}", "seed": args.seed,
-            "questions_per_family": args.questions, "docs_per_prompt": args.docs, "pool": args.pool,
+            "questions_per_family": {name: len(qs) for name, qs in families.items()},
+            "docs_per_prompt": args.docs, "pool": args.pool,
             "max_passage_tokens": args.max_passage_tokens, "max_tokens": args.max_tokens,
             "cache_isolation": f"cache_salt '{run_id}:<family>:<layout>' per pass, passes run one at a time",
             "elapsed_s": round(elapsed, 1),
@@ -214,6 +218,17 @@ def print_table(report: dict[str, Any]) -> None:
                   f"vs full {vs['difference']:+.3f} {vs['difference_ci95']} p={vs['mcnemar_p']:.3g}  "
                   f"same verdict {vs['same_verdict']:.3f} text {vs['same_text']:.3f}  "
                   f"computed {tokens['computed_vs_full']:.3f} of full (server {tokens.get('server_computed_vs_full')})")
+
+
+def family_counts(overrides: Sequence[str]) -> dict[str, int]:
+    """``FAMILY=N`` overrides of the question count, checked."""
+    counts = {}
+    for item in overrides:
+        name, _, count = item.partition("=")
+        if name not in FAMILIES or not count.isdigit() or int(count) < 1:
+            raise SystemExit(f"--family-questions {item!r}: expected FAMILY=N with FAMILY one of {list(FAMILIES)}")
+        counts[name] = int(count)
+    return counts
 
 
 def _max_num_seqs(server_args: list[str]) -> int:

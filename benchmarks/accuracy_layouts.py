@@ -84,6 +84,8 @@ register("refreshed_heads_joined", "refreshed heads, the first passage's head co
 register("lead_text_refreshed_heads", "the first passage continuing the prefix as plain text (no marker or pad "
          "before it), the others as refreshed heads",
          technique=lambda ctx: minipic_client.LeadInContext(as_text=True))  # fmt: skip
+register("lead2_text_refreshed_heads", "the first two passages continuing the prefix as plain text, the others as "
+         "refreshed heads", technique=lambda ctx: minipic_client.LeadInContext(lead=2, as_text=True))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 

@@ -11,7 +11,7 @@ import pytest
 import minipic_client
 from minipic_client import BlockAttention, Epic, Tokenizer
 
-from accuracy import STOCK, summarise
+from accuracy import STOCK, family_counts, summarise
 from accuracy_families import FAMILIES, Corpus, Question, build_family, extract_facts, is_correct, reuse_stats
 from accuracy_layouts import LAYOUTS, LayoutContext, PassResult, Prompt, parse_counters, register_sdk, run_pass
 from accuracy_stats import TokenLedger, mcnemar_exact, paired_difference, versus, wilson
@@ -99,6 +99,13 @@ def test_families_are_deterministic_and_refuse_too_many_questions():
     assert build("single", seed=3)[1] != build("single", seed=4)[1]
     with pytest.raises(SystemExit, match="only 240"):
         build("single", count=241)
+
+
+def test_family_question_counts_override_some_families_and_refuse_bad_ones():
+    assert family_counts(["single=1200", "synthetic=600"]) == {"single": 1200, "synthetic": 600}
+    for bad in ("singles=10", "single=", "single=0", "single=ten"):
+        with pytest.raises(SystemExit, match="FAMILY=N"):
+            family_counts([bad])
 
 
 def test_reuse_counts_repeats_in_run_order():
