@@ -57,12 +57,18 @@ class BlockRecords:
         self.write_shift = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
 
     def apply(self, step: StepRecords) -> None:
-        """Set the records the scheduler shipped with this step (one host-to-device copy)."""
+        """Set the records the scheduler shipped with this step (one host-to-device copy).
+
+        The rows go through pinned memory on CUDA: a copy from pageable memory waits for the
+        GPU to finish the step in flight, which would stall vLLM's async scheduling (the next
+        step's inputs are prepared while the GPU runs this one). The pinned block is not reused
+        before its copy completes (torch's host allocator records the copy's stream)."""
         self.ensure(step.num_blocks)
         if not step.block_ids:
             return
         packed = torch.tensor(
-            [step.block_ids, step.kinds, step.origins, step.write_shifts], dtype=torch.int32
+            [step.block_ids, step.kinds, step.origins, step.write_shifts], dtype=torch.int32,
+            pin_memory=self.device.type == "cuda",
         ).to(self.device, non_blocking=True)
         ids = packed[0].long()
         self.kind.index_copy_(0, ids, packed[1].to(torch.int8))
