@@ -190,6 +190,7 @@ TECHNIQUES: dict[str, Technique] = {
     "epic2": Epic(2),
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
+    "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
 }
 
 
