@@ -105,6 +105,22 @@ def pic_prompts(
     return [sys_, *docs], prompts, cached
 
 
+def refreshed_head_prompts(seed: int = 33, count: int = 16) -> tuple[list[Segment], list[list[int]], list[int]]:
+    """The default layout's final prompts (`RefreshedHeads`): each document's head computed in
+    context after a PDep, then the document as a cached HSep span whose first block only the
+    span sees; what each prompt should find cached (the system prompt and the spans)."""
+    rng = random.Random(seed)
+    sys_ = system(random_tokens(rng, 25))
+    texts = [random_tokens(rng, rng.randrange(30, 400)) for _ in range(6)]
+    prompts, cached = [], []
+    for _ in range(count):
+        chosen = rng.sample(texts, 3)
+        segments = [sys_, *(s for text in chosen for s in TINY.refreshed(text)), dependent(random_tokens(rng, 12))]
+        prompts.append(flatten(segments))
+        cached.append(sum(len(s.tokens) for s in segments if s.span or s is sys_))
+    return [sys_, *(TINY.hidden_span(text) for text in texts)], prompts, cached
+
+
 @pytest.fixture(scope="module")
 def stock_plain(server_pool: ServerPool) -> list[Completion]:
     return answer_all(server_pool.get(STOCK_BF16), plain_prompts())
@@ -128,6 +144,22 @@ def test_spans_moved_and_after_gaps_answer_like_a_cold_cache(pic_bf16) -> None:
     server, _ = pic_bf16
     parts, prompts, cached = pic_prompts()
     cold = answer_all(server, prompts, salt="gpu-cold")
+    for part in parts:
+        prefill(server, list(part.tokens))
+    warm = answer_all(server, prompts)
+    assert all(result.cached_tokens == 0 for result in cold)
+    assert [result.cached_tokens for result in warm] == cached
+    for expected, actual in zip(cold, warm, strict=True):
+        assert_same_answer(expected, actual)
+
+
+def test_refreshed_heads_over_cached_spans_answer_like_a_cold_cache(pic_bf16) -> None:
+    """Final prompts whose computed rows skip cached hidden heads (FlashAttention-3 over scratch
+    pages without the hidden blocks) against the same prompts with every span computed in the
+    prompt (the tile kernel, span windows and hidden heads masked)."""
+    server, _ = pic_bf16
+    parts, prompts, cached = refreshed_head_prompts()
+    cold = answer_all(server, prompts, salt="gpu-cold-refreshed")
     for part in parts:
         prefill(server, list(part.tokens))
     warm = answer_all(server, prompts)
