@@ -325,7 +325,7 @@ def section_prefill_parts(fa, fa_func, version) -> list[dict]:
             if scratch is not None:
                 row["move_pass_ms"] = graph_ms(functools.partial(
                     rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin,
-                    batch.seq_lens, scratch.page_start, batch.cos_sin, s.rotary_dim, s.is_neox,
+                    batch.seq_lens, scratch.block_pages, batch.cos_sin, s.rotary_dim, s.is_neox,
                     num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
             row["ratio"] = row["whole_ms"] / row["fa3_ms"]
             print(json.dumps(row), flush=True)

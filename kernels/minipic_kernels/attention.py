@@ -84,6 +84,7 @@ class Scratch:
 
     page_start: torch.Tensor
     page_table: torch.Tensor  # (num_reqs, max_pages) scratch page ids
+    block_pages: torch.Tensor  # the page each logical block is copied to (-1: none), `rotate_into_pages`
     query_used: torch.Tensor  # rows the stock kernel computes over the pages, per request
     num_pages: int
     max_pages: int
@@ -140,7 +141,9 @@ class StepPlan:
         if any(moved):
             dev_pages = torch.where(rows[2] > 0, (seq_lens + self.block_size - 1) // self.block_size, 0)
             start = torch.where(rows[2] > 0, torch.cumsum(dev_pages, 0) - dev_pages, -1).to(torch.int32)
-            scratch = Scratch(start, page_table(start, max(pages)), rows[1], sum(pages), max(pages))
+            pages_of_reqs = page_table(start, max(pages))
+            block_pages = torch.where(start[:, None] >= 0, pages_of_reqs, -1)
+            scratch = Scratch(start, pages_of_reqs, block_pages, rows[1], sum(pages), max(pages))
         routes = Routes(
             at_origin=rows[0] if any(at_origin) else None,
             scratch=scratch,
@@ -279,7 +282,7 @@ def _prefill(
         scratch = routes.scratch
         key_pages, value_pages = rotate_into_pages(
             work.key_cache, work.value_cache, work.block_table, work.block_origin, work.seq_lens,
-            scratch.page_start, work.cos_sin, work.rotary_dim, work.is_neox, num_pages=scratch.num_pages,
+            scratch.block_pages, work.cos_sin, work.rotary_dim, work.is_neox, num_pages=scratch.num_pages,
             max_pages=scratch.max_pages,
         )  # fmt: skip
         paged_attention(
