@@ -192,7 +192,8 @@ CASES = [
     Case("f32_many_short_prefills", [(96 + 16 * (i % 4) + i, 10) for i in range(16)], group=2, prefill=None,
          decode=None, seed=26),
     # Hidden (HSep) blocks: masked in tiles and decode, moved and at origin; with a stock kernel,
-    # the requests whose rows must skip one go to the tile kernel.
+    # the requests whose rows must skip one go to the tile kernel, or, their rows all outside
+    # spans, to the stock kernel over scratch pages without it.
     Case("f32_hidden_tiles", MIXED, group=2, kinds="hidden", seed=40),
     Case("f16_hidden_tiles_g4", MIXED, group=4, kinds="hidden", dtype=F16, seed=41),
     Case("f32_hidden_at_origin", MIXED, kinds="hidden", misplaced=0.0, seed=42),
