@@ -38,6 +38,7 @@ import triton
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import (
     BlockKind,
+    compactable_requests,
     hidden_per_block,
     requests_with_hidden,
     requests_with_masks,
@@ -124,9 +125,11 @@ class Batch:
         self.cos_sin = cos_sin_table(s, max(n for n, _ in self.reqs) + 256)
         self.scale = s.head_size**-0.5
         self.window_starts = window_starts_per_block(self.block_table, self.block_kind, bs)
-        hidden = hidden_per_block(self.block_table, self.block_kind)
-        self.windowed = requests_with_masks(self.window_starts, hidden, self.query_start_loc, self.seq_lens, bs)
-        self.hidden = requests_with_hidden(hidden, self.seq_lens, bs)
+        self.hidden_blocks = hidden_per_block(self.block_table, self.block_kind)
+        mask_inputs = (self.window_starts, self.hidden_blocks, self.query_start_loc, self.seq_lens, bs)
+        self.windowed = requests_with_masks(*mask_inputs)
+        self.compactable = compactable_requests(*mask_inputs)
+        self.hidden = requests_with_hidden(self.hidden_blocks, self.seq_lens, bs)
         self.misplaced = misplaced_requests(self.block_table, self.block_origin, self.seq_lens, bs)
 
     def plan(self, budget: int = 1 << 30):
@@ -138,7 +141,7 @@ class Batch:
             page_bytes=2 * s.block_size * s.num_kv_heads * s.head_size * torch.finfo(s.dtype).bits // 8,
             scratch_budget_bytes=budget,
         )  # fmt: skip
-        return plan.routed(self.windowed, self.misplaced, self.seq_lens)
+        return plan.routed(self.windowed, self.compactable, self.misplaced, self.hidden_blocks, self.seq_lens)
 
     def args(self) -> dict:
         s = self.shape
@@ -325,7 +328,7 @@ def section_prefill_parts(fa, fa_func, version) -> list[dict]:
             if scratch is not None:
                 row["move_pass_ms"] = graph_ms(functools.partial(
                     rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin,
-                    batch.seq_lens, scratch.page_start, batch.cos_sin, s.rotary_dim, s.is_neox,
+                    batch.seq_lens, scratch.block_pages, batch.cos_sin, s.rotary_dim, s.is_neox,
                     num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
             row["ratio"] = row["whole_ms"] / row["fa3_ms"]
             print(json.dumps(row), flush=True)

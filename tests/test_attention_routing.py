@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from minipic_kernels.attention import plan_step
+from minipic_kernels.attention import StepPlan, plan_step
 from minipic_kernels.block_kinds import (
     BlockKind,
+    compactable_requests,
     hidden_per_block,
     requests_with_hidden,
     requests_with_masks,
@@ -46,12 +47,19 @@ def _plan(query_lens: list[int], seq_lens: list[int], budget: int = 1 << 30):
                      scratch_budget_bytes=budget)  # fmt: skip
 
 
+def _routed(plan: StepPlan, masked: list[bool], misplaced: list[bool], seq_lens: list[int]) -> StepPlan:
+    """``plan`` routed for requests without hidden blocks (none compactable)."""
+    none = torch.zeros(len(seq_lens), dtype=torch.bool)
+    no_hidden = torch.zeros(len(seq_lens), 8, dtype=torch.bool)
+    return plan.routed(torch.tensor(masked), none, torch.tensor(misplaced), no_hidden, torch.tensor(seq_lens))
+
+
 def test_each_prefill_request_goes_to_the_kernel_that_is_exact_for_it() -> None:
     # decode, at origin, windowed, moved, moved and windowed
     query_lens, seq_lens = [1, 40, 50, 30, 20], [70, 40, 50, 90, 33]
-    windowed = torch.tensor([False, False, True, False, True])
-    moved = torch.tensor([True, False, False, True, True])
-    routes = _plan(query_lens, seq_lens).routed(windowed, moved, torch.tensor(seq_lens)).routes
+    windowed = [False, False, True, False, True]
+    moved = [True, False, False, True, True]
+    routes = _routed(_plan(query_lens, seq_lens), windowed, moved, seq_lens).routes
     assert routes is not None and routes.scratch is not None and routes.at_origin is not None
     assert routes.at_origin.tolist() == [0, 40, 0, 0, 0]
     assert routes.scratch.query_used.tolist() == [0, 0, 0, 30, 0]
@@ -62,7 +70,7 @@ def test_each_prefill_request_goes_to_the_kernel_that_is_exact_for_it() -> None:
 
 def test_moved_requests_over_the_scratch_budget_go_to_the_tile_kernel() -> None:
     plan = _plan([40, 30], [40, 90], budget=5 * 1000)  # 6 pages needed
-    routes = plan.routed(torch.tensor([False, False]), torch.tensor([False, True]), torch.tensor([40, 90])).routes
+    routes = _routed(plan, [False, False], [False, True], [40, 90]).routes
     assert routes is not None and routes.scratch is None
     assert routes.at_origin is not None and routes.at_origin.tolist() == [40, 0]
     assert routes.tiles is not None and routes.tiles.tolist() == [0, 1]
@@ -70,7 +78,7 @@ def test_moved_requests_over_the_scratch_budget_go_to_the_tile_kernel() -> None:
 
 def test_rows_cover_requests_the_device_tensors_pad_and_kinds_without_requests_launch_nothing() -> None:
     plan = _plan([64], [64])
-    routes = plan.routed(torch.tensor([False, False]), torch.tensor([False, False]), torch.tensor([64, 0])).routes
+    routes = _routed(plan, [False, False], [False, False], [64, 0]).routes
     assert routes is not None and routes.at_origin is not None
     assert routes.at_origin.tolist() == [64, 0]
     assert routes.scratch is None and routes.tiles is None
@@ -79,23 +87,73 @@ def test_rows_cover_requests_the_device_tensors_pad_and_kinds_without_requests_l
 def test_a_step_without_prefill_needs_no_routing() -> None:
     plan = _plan([1, 2], [70, 33])
     assert not plan.has_prefill
-    assert plan.routed(torch.tensor([True, True]), torch.tensor([True, True]), torch.tensor([70, 33])) is plan
+    assert _routed(plan, [True, True], [True, True], [70, 33]) is plan
 
 
-def test_only_rows_that_must_skip_a_hidden_head_send_a_request_to_the_tile_kernel() -> None:
-    """FlashAttention-3 cannot skip a block: a request goes to the tile kernel when one of its
-    query rows must skip a hidden head, not merely because it holds one."""
-    kind = torch.tensor([0, BlockKind.HSEP, 0, BlockKind.PDEP, 0], dtype=torch.int8)
-    table = torch.tensor([[1, 2, 0], [1, 2, 3], [1, 2, 3], [4, 1, 2]], dtype=torch.int32)
-    # an HSep span prefilled alone | the final prompt: cached span, PDep tail computed |
-    # the span's own rows only (a chunk) | the span after a plain block (its rows windowed)
-    seq_lens = torch.tensor([2 * BS, 3 * BS, 2 * BS, 3 * BS])
-    q_lens = torch.tensor([2 * BS, BS, BS, 2 * BS])
-    qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
-    windows = window_starts_per_block(table, kind, BS)
-    masked = requests_with_masks(windows, hidden_per_block(table, kind), qsl, seq_lens, BS)
-    assert masked.tolist() == [False, True, False, True]
-    routes = _plan(q_lens.tolist(), seq_lens.tolist()).routed(masked, torch.zeros(4, dtype=torch.bool), seq_lens).routes
+# Physical blocks of a refreshed-heads prompt: [plain prefix][PDep head][HSep span, 2 blocks]
+# [PDep head][HSep span][PDep question, 2 blocks] (block 0 stands for table padding).
+LAYOUT = torch.tensor([0, 0, BlockKind.PDEP, BlockKind.HSEP, 0, BlockKind.PDEP, BlockKind.HSEP, BlockKind.PDEP, 0],
+                      dtype=torch.int8)  # fmt: skip
+FINAL_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def _flags(tables: list[list[int]], reqs: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+    """(masked, compactable, hidden blocks, seq_lens) of requests over `LAYOUT`, (seq_len, query_len) each."""
+    table = torch.tensor([t + [0] * (8 - len(t)) for t in tables], dtype=torch.int32)
+    seq_lens = torch.tensor([s for s, _ in reqs])
+    qsl = torch.tensor([0] + [q for _, q in reqs]).cumsum(0)
+    hidden = hidden_per_block(table, LAYOUT)
+    inputs = (window_starts_per_block(table, LAYOUT, BS), hidden, qsl, seq_lens, BS)
+    return requests_with_masks(*inputs), compactable_requests(*inputs), hidden, seq_lens
+
+
+def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_over_scratch() -> None:
+    """A refreshed-heads final prompt (its question after cached HSep spans, at their origin or
+    moved) reads scratch pages without its hidden blocks; a request computing its HSep span,
+    or with span rows among rows that skip the span's head, needs the tile kernel; an HSep
+    span prefilled alone (rows at window 0) sees its own head and reads the cache."""
+    tables = [FINAL_PROMPT, FINAL_PROMPT, FINAL_PROMPT, [3, 4], [3, 4, 7, 8], [3, 4, 7, 8]]
+    # the question | the same, moved | the whole prompt | the span alone | the span and the
+    # question | the question after a span at block 0
+    reqs = [(8 * BS, 2 * BS), (8 * BS, 2 * BS), (8 * BS, 8 * BS), (2 * BS, 2 * BS), (4 * BS, 4 * BS),
+            (4 * BS - 3, 2 * BS - 3)]  # fmt: skip
+    masked, compactable, hidden, seq_lens = _flags(tables, reqs)
+    assert masked.tolist() == [True, True, True, False, True, True]
+    assert compactable.tolist() == [True, True, False, False, False, True]
+    misplaced = torch.tensor([False, True, False, False, False, False])
+    plan = _plan([q for _, q in reqs], [s for s, _ in reqs])
+    routes = plan.routed(masked, compactable, misplaced, hidden, seq_lens).routes
     assert routes is not None and routes.tiles is not None and routes.at_origin is not None
-    assert routes.tiles.tolist() == [0, 1, 0, 1]
-    assert routes.at_origin.tolist() == [2 * BS, 0, BS, 0]
+    assert routes.tiles.tolist() == [0, 0, 1, 0, 1, 0]
+    assert routes.at_origin.tolist() == [0, 0, 0, 2 * BS, 0, 0]
+    scratch = routes.scratch
+    assert scratch is not None
+    assert scratch.query_used.tolist() == [2 * BS, 2 * BS, 0, 0, 0, 2 * BS - 3]
+    assert scratch.page_start.tolist() == [0, 8, -1, -1, -1, 16]
+    assert (scratch.num_pages, scratch.max_pages) == (20, 8)
+    assert scratch.block_pages.tolist() == [
+        [0, 1, -1, 2, 3, -1, 4, 5], [8, 9, -1, 10, 11, -1, 12, 13], [-1] * 8, [-1] * 8, [-1] * 8,
+        [-1, 16, 17, 18, -1, -1, -1, -1],
+    ]  # fmt: skip
+    assert scratch.seq_used[[0, 1, 5]].tolist() == [6 * BS, 6 * BS, 3 * BS - 3]
+
+
+def test_moved_requests_keep_every_block_on_scratch() -> None:
+    """A misplaced window-free request reads all its blocks in logical order, a hidden head its
+    rows see (a span's own, at window 0) included."""
+    masked, compactable, hidden, seq_lens = _flags([[3, 4]], [(2 * BS, BS)])
+    assert not masked.any() and not compactable.any()
+    routes = _plan([BS], [2 * BS]).routed(masked, compactable, torch.tensor([True]), hidden, seq_lens).routes
+    assert routes is not None and routes.scratch is not None
+    assert routes.scratch.block_pages.tolist() == [[0, 1, -1, -1, -1, -1, -1, -1]]
+    assert routes.scratch.seq_used.tolist() == [2 * BS]
+
+
+def test_compactable_requests_over_the_scratch_budget_go_to_the_tile_kernel() -> None:
+    reqs = [(8 * BS, 2 * BS), (2 * BS, 2 * BS)]
+    masked, compactable, hidden, seq_lens = _flags([FINAL_PROMPT, [3, 4]], reqs)
+    plan = _plan([q for _, q in reqs], [s for s, _ in reqs], budget=7 * 1000)  # 8 pages needed
+    routes = plan.routed(masked, compactable, torch.tensor([False, False]), hidden, seq_lens).routes
+    assert routes is not None and routes.scratch is None
+    assert routes.tiles is not None and routes.tiles.tolist() == [1, 0]
+    assert routes.at_origin is not None and routes.at_origin.tolist() == [0, 2 * BS]

@@ -11,6 +11,7 @@ import torch
 from minipic_kernels import block_kinds
 from minipic_kernels.block_kinds import (
     block_kinds_of_tokens,
+    compactable_requests,
     hidden_per_block,
     requests_with_masks,
     window_starts_per_block,
@@ -99,6 +100,36 @@ def test_requests_with_masks_are_those_a_causal_kernel_gets_wrong() -> None:
             rows = scalar_mask(prompt)[seq_len - q_len :]
             causal = [[k <= q for k in range(seq_len)] for q in range(seq_len - q_len, seq_len)]
             assert flags[r] == (rows != causal)
+
+
+def test_compactable_requests_are_causal_over_their_keys_less_the_hidden_blocks_before_them() -> None:
+    """A compactable request is one a stock causal kernel computes exactly once its hidden
+    blocks are left out of its keys: every row sees causal less the hidden keys, which all
+    precede the first row (so the kernel may place the rows at the end of what remains)."""
+    rng = random.Random(3)
+    seen = 0
+    for _ in range(300):
+        first_tokens = [rng.choice([SSEP, PDEP, HSEP, HSEP, 9, 9]) for _ in range(16)]
+        record = block_kinds_of_tokens(torch.tensor(first_tokens), *MARKERS)
+        table = torch.tensor([rng.sample(range(16), 8) for _ in range(4)])
+        seq_lens = torch.tensor([rng.randrange(1, 8 * B + 1) for _ in range(4)])
+        q_lens = torch.tensor([rng.randrange(1, int(s) + 1) for s in seq_lens])
+        qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
+        args = (window_starts_per_block(table, record, B), hidden_per_block(table, record), qsl, seq_lens, B)
+        masked, flags = requests_with_masks(*args).tolist(), compactable_requests(*args).tolist()
+        for r, (seq_len, q_len) in enumerate(zip(seq_lens.tolist(), q_lens.tolist())):
+            prompt = [t for b in table[r].tolist() for t in (first_tokens[b], 9, 9, 9)][:seq_len]
+            first_row = seq_len - q_len
+            outside = all(w == OUTSIDE_SPANS for w in window_starts_of_prompt(prompt, B, *MARKERS)[first_row:])
+            assert flags[r] == (masked[r] and outside)
+            if flags[r]:
+                seen += 1
+                hidden = hidden_of_prompt(prompt, B, *MARKERS)
+                rows = scalar_mask(prompt)[first_row:]
+                kept = [[k <= q and not hidden[k] for k in range(seq_len)] for q in range(first_row, seq_len)]
+                assert rows == kept
+                assert not any(hidden[first_row:])
+    assert seen > 20
 
 
 PROMPT = [10, 11, 12, 13, 1, 20, 21, 22, 23, 24, 3, 3, 2, 50, 51]  # plain | SSep span, 2 blocks | PDep tail

@@ -1,4 +1,5 @@
-"""The cache-write kernel compiles for the H200 (sm_90) in bf16 and fp16, here, without a GPU.
+"""The cache-write and scratch-page kernels compile for the H200 (sm_90) in bf16 and fp16, here,
+without a GPU.
 
 `TRITON_INTERPRET=1` (tests/test_triton_kernel.py) runs kernels in numpy, which accepts
 programs the compiler refuses (a variable changing dtype inside a branch); Triton's own
@@ -8,27 +9,41 @@ as a server that cannot start on the GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from minipic_kernels import kv_write  # noqa: E402
+from minipic_kernels import kv_write, rotary_pages  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("is_neox", [True, False])
-def test_write_kv_compiles_for_sm90(dtype: str, is_neox: bool) -> None:
-    kernel = kv_write._write_kv_kernel
+def _ptx(kernel: Any, dtype: str, constants: dict[str, Any], pointers: dict[str, str]) -> str:
+    """``kernel`` compiled for sm_90: ``constants`` as its constexprs, ``pointers`` typed as
+    given, its other pointers to ``dtype``, every other argument an i32."""
     names = list(kernel.arg_names)
-    constants = dict(NUM_KV_HEADS=8, HEADS_P=8, HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=is_neox, KV_BLOCK_SIZE=16)
-    pointers = {"slot_mapping_ptr": "*i64", "write_shift_ptr": "*i32", "cos_sin_ptr": "*fp32"}
     signature = {
         name: "constexpr" if name in constants else pointers.get(name, f"*{dtype}" if name.endswith("_ptr") else "i32")
         for name in names
     }
     source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constants.items()})
-    assert triton.compile(source, target=H200).asm["ptx"]
+    return triton.compile(source, target=H200).asm["ptx"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_write_kv_compiles_for_sm90(dtype: str, is_neox: bool) -> None:
+    constants = dict(NUM_KV_HEADS=8, HEADS_P=8, HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=is_neox, KV_BLOCK_SIZE=16)
+    pointers = {"slot_mapping_ptr": "*i64", "write_shift_ptr": "*i32", "cos_sin_ptr": "*fp32"}
+    assert _ptx(kv_write._write_kv_kernel, dtype, constants, pointers)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_rotate_into_pages_compiles_for_sm90(dtype: str) -> None:
+    constants = dict(NUM_KV_HEADS=8, HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, KV_BLOCK_SIZE=16)
+    pointers = {name: "*i32" for name in ("block_table_ptr", "block_origin_ptr", "seq_lens_ptr", "block_pages_ptr")}
+    assert _ptx(rotary_pages._rotate_into_pages_kernel, dtype, constants, {**pointers, "cos_sin_ptr": "*fp32"})

@@ -48,7 +48,8 @@ class Case:
     dtype: torch.dtype = torch.float32
     # "plain" | "mixed" (SSep/PDep blocks) | "hidden" (HSep blocks too) | "hidden_heads" (only HSep
     # heads); in the last two, the first two requests start with an HSep block and end with a PDep one;
-    # "one_hidden": only the first request does, the others are plain.
+    # "one_hidden": only the first request does, the others are plain; "refreshed_heads": each
+    # request laid out as `REFRESHED_STEP_LAYOUTS` says.
     kinds: str = "mixed"
     duplicate_block: bool = False  # one physical block twice in a table
     misplaced: float = 0.5  # share of blocks read away from their origin
@@ -108,6 +109,10 @@ def build(case: Case) -> dict:
             kind[table[r, blocks_per_req[r] - 1].long()] = BlockKind.PDEP
         if case.kinds == "hidden_heads":  # nothing else: only the hidden mask tells a causal kernel apart
             kind[table[2:, 0].long()] = BlockKind.HSEP
+    if case.kinds == "refreshed_heads":
+        for r, layout in enumerate(REFRESHED_STEP_LAYOUTS):
+            for b, block_kind in enumerate(layout[: blocks_per_req[r]]):
+                kind[table[r, b].long()] = block_kind
     seq_lens = torch.tensor([s for s, _ in case.reqs], dtype=torch.int32)
     qlens = [q for _, q in case.reqs]
     qsl = torch.zeros(len(qlens) + 1, dtype=torch.int32)
@@ -135,6 +140,15 @@ def build(case: Case) -> dict:
 
 
 F32, F16 = torch.float32, torch.float16
+P, S, D, H = BlockKind.PLAIN, BlockKind.SSEP, BlockKind.PDEP, BlockKind.HSEP
+# Refreshed-heads prompts by logical block: [prefix][PDep head][HSep span, 2 blocks][PDep head]
+# [HSep span][PDep question ...], and one opening with its first span (a hidden head at block 0).
+REFRESHED, REFRESHED_AT_0 = (P, D, H, P, D, H, D), (H, P, D, H, D)
+# A step of 16-token blocks: two final prompts computing only their question (every row outside
+# spans: the stock kernel over scratch pages without their hidden heads), a whole prompt computed
+# (span rows: tiles), a plain prefill, a decode after a final prompt and an SSep span's rows (tiles).
+REFRESHED_STEP = [(130, 30), (100, 20), (120, 120), (64, 64), (70, 1), (50, 17)]
+REFRESHED_STEP_LAYOUTS = (REFRESHED, REFRESHED_AT_0, REFRESHED, (), REFRESHED, (P, S, P, D))
 MIXED = [(37, 37), (70, 1), (50, 20), (16, 1), (90, 3)]
 ONE_HIDDEN = [(90, 1), (70, 1), (100, 1), (50, 2)]
 MOVED_DECODE = [(100, 1), (37, 1), (64, 2)]
@@ -178,7 +192,8 @@ CASES = [
     Case("f32_many_short_prefills", [(96 + 16 * (i % 4) + i, 10) for i in range(16)], group=2, prefill=None,
          decode=None, seed=26),
     # Hidden (HSep) blocks: masked in tiles and decode, moved and at origin; with a stock kernel,
-    # the requests whose rows must skip one go to the tile kernel.
+    # the requests whose rows must skip one go to the tile kernel, or, their rows all outside
+    # spans, to the stock kernel over scratch pages without it.
     Case("f32_hidden_tiles", MIXED, group=2, kinds="hidden", seed=40),
     Case("f16_hidden_tiles_g4", MIXED, group=4, kinds="hidden", dtype=F16, seed=41),
     Case("f32_hidden_at_origin", MIXED, kinds="hidden", misplaced=0.0, seed=42),
@@ -187,6 +202,18 @@ CASES = [
     Case("f32_hidden_dense", DENSE, group=2, kinds="hidden", mode="dense", seed=44),
     Case("f32_hidden_dense_at_origin", DENSE, group=2, kinds="hidden", misplaced=0.0, mode="dense", seed=45),
     Case("f32_hidden_heads_dense", DENSE, group=2, kinds="hidden_heads", mode="dense", seed=47),
+    # Refreshed-heads final prompts: the stock kernel over their keys less their hidden heads, at
+    # the origin and moved, next to requests the tile kernel takes.
+    Case("f32_refreshed_heads_at_origin", REFRESHED_STEP, group=2, kinds="refreshed_heads", misplaced=0.0,
+         mode="dense", seed=60),
+    Case("f32_refreshed_heads_moved_gptj", REFRESHED_STEP, group=2, kinds="refreshed_heads", misplaced=1.0,
+         is_neox=False, mode="dense", seed=61),
+    Case("f16_refreshed_heads_partial_g4", REFRESHED_STEP, group=4, rotary_dim=32, kinds="refreshed_heads",
+         dtype=F16, mode="dense", seed=62),
+    Case("f32_refreshed_heads_host_upper_bounds", REFRESHED_STEP, group=2, kinds="refreshed_heads", mode="dense",
+         host_upper_bounds=40, seed=63),
+    Case("f32_refreshed_heads_over_budget", REFRESHED_STEP, group=2, kinds="refreshed_heads",
+         mode="dense_over_budget", seed=64),
     Case("f32_hidden_default_configs", [(150, 150), (90, 1), (70, 9)], group=2, kinds="hidden", prefill=None,
          decode=None, seed=46),
     # Decode: one request with a hidden head among requests without (the per-request flag turns
@@ -381,7 +408,30 @@ def hidden_flag_gates_the_mask_case() -> dict:
             "detail": f"flags={flags.tolist()} unflagged_err={errors[1]}"}  # fmt: skip
 
 
+def refreshed_heads_on_the_stock_kernel_case() -> dict:
+    """The refreshed-heads final prompts' rows are the stock kernel's, over pages without their
+    two hidden heads (the tile kernel would pass the cases above too): one launch computes
+    their rows alone with ``seq_used`` two blocks short, and the step equals the reference."""
+    case = next(c for c in CASES if c.name == "f32_refreshed_heads_at_origin")
+    inputs = build(case)
+    launches = []
+
+    def stock(query: torch.Tensor, key_pages: torch.Tensor, value_pages: torch.Tensor, page_table: torch.Tensor,
+              query_start_loc: torch.Tensor, query_used: torch.Tensor, seq_used: torch.Tensor, *rest: Any) -> None:
+        launches.append((query_used.tolist(), seq_used.tolist()))
+        paged_causal_attention_reference(query, key_pages, value_pages, page_table, query_start_loc, query_used,
+                                         seq_used, *rest)  # fmt: skip
+
+    out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
+    max_err = float((out - paged_rope_attention_reference(**inputs)).abs().nan_to_num(float("inf")).max())
+    compacted = [s[:2] for q, s in launches if q == [30, 20, 0, 0, 0, 0]]
+    ok = max_err <= 1e-3 and compacted == [[130 - 32, 100 - 32]]
+    return {"name": "refreshed_heads_on_the_stock_kernel", "ok": ok, "max_err": max_err, "tol": 1e-3,
+            "detail": f"launches={launches}"}  # fmt: skip
+
+
 EXTRA_CASES: dict[str, Callable[[], dict]] = {
+    "refreshed_heads_on_the_stock_kernel": refreshed_heads_on_the_stock_kernel_case,
     "hidden_flag_gates_the_mask": hidden_flag_gates_the_mask_case,
     "decode_over_rotated_keys": lambda: decode_over_rotated_keys_case(35),
     "write_kv": lambda: write_kv_case(30),

@@ -10,19 +10,23 @@ exact for it:
 * **prefill at origin** (no windows, every block where it was computed: plain prompts,
   prefix hits, a request's own earlier chunks, span prefills): a stock causal paged kernel
   (FlashAttention-3 in vLLM) over the cache itself, as stock vLLM runs it;
-* **prefill over misplaced blocks** (no windows, a cached span placed after another
-  prefix: ISPS final prompts): keys moved into scratch pages once (`rotary_pages`), then
-  the stock kernel over them;
-* **prefill with masks** (spans computed inside a prompt, or rows that must skip a
-  hidden block: FlashAttention-3 cannot skip a block): the Triton tile kernel over the
-  cache, skipping key tiles outside each row's window and masking hidden blocks.
+* **prefill over scratch pages**: window-free requests over misplaced blocks (a cached
+  span placed after another prefix: ISPS final prompts), and requests whose rows all lie
+  outside spans and skip only hidden blocks before them (`compactable_requests`:
+  refreshed-heads final prompts): keys moved into scratch pages once (`rotary_pages`),
+  those hidden blocks left out, then the stock kernel over them;
+* **prefill with masks** (spans computed inside a prompt, or span rows among rows that
+  must skip a hidden block: FlashAttention-3 can neither start a row's keys late nor skip a
+  block for some rows only): the Triton tile kernel over the cache, skipping key tiles
+  outside each row's window and masking hidden blocks.
 
-Which requests have masks or misplaced blocks is known on the device (from the block
-records); `StepPlan.routed` brings those flags to the host once per step with prefill (one
-small sync, before any layer runs), so every layer launches only the kernels that have
-work. The stock kernel computes only the rows it is given (``query_used``), so the
-launches never overwrite each other. Without a stock kernel (``paged_attention=None``)
-the tile kernel takes every prefill request.
+Which requests have masks (and which of those are compactable) or misplaced blocks is
+known on the device (from the block records); `StepPlan.routed` brings those flags to the
+host once per step with prefill (one small sync, before any layer runs), so every layer
+launches only the kernels that have work. A step whose scratch pages would exceed the
+budget sends their requests to the tile kernel instead. The stock kernel computes only the
+rows it is given (``query_used``), so the launches never overwrite each other. Without a
+stock kernel (``paged_attention=None``) the tile kernel takes every prefill request.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Protocol
 import torch
 
 from minipic_kernels.block_kinds import (
+    compactable_requests,
     hidden_per_block,
     requests_with_hidden,
     requests_with_masks,
@@ -79,12 +84,17 @@ class PagedAttention(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Scratch:
-    """Scratch pages of the misplaced window-free requests: ``page_start`` (device) gives each
-    its first page, -1 for the others."""
+    """Scratch pages of the requests the stock kernel reads there: ``page_start`` (device)
+    gives each its first page, -1 for the others. A request's pages hold its blocks in
+    logical order, less the hidden blocks of a compactable request (`compactable_requests`):
+    its rows skip them all, and they all precede its rows, so the stock kernel, placing the
+    rows at the end of ``seq_used``, is exact without them."""
 
     page_start: torch.Tensor
     page_table: torch.Tensor  # (num_reqs, max_pages) scratch page ids
+    block_pages: torch.Tensor  # the page each logical block is copied to (-1: none), `rotate_into_pages`
     query_used: torch.Tensor  # rows the stock kernel computes over the pages, per request
+    seq_used: torch.Tensor  # keys it reads there, per request: the length less the blocks left out
     num_pages: int
     max_pages: int
 
@@ -115,38 +125,69 @@ class StepPlan:
     scratch_budget_bytes: int
     routes: Routes | None = None
 
-    def routed(self, masked: torch.Tensor, misplaced: torch.Tensor, seq_lens: torch.Tensor) -> StepPlan:
+    def routed(
+        self,
+        masked: torch.Tensor,
+        compactable: torch.Tensor,
+        misplaced: torch.Tensor,
+        hidden_blocks: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> StepPlan:
         """Route each prefill request from the device flags (`requests_with_masks`,
-        `misplaced_requests`): the step's one host sync, none without prefill."""
+        `compactable_requests`, `misplaced_requests`) and hidden blocks (`hidden_per_block`):
+        the step's one host sync, none without prefill."""
         if not self.has_prefill or self.routes is not None:
             return self
-        flags = torch.stack((masked.to(torch.int8), misplaced.to(torch.int8))).cpu().tolist()  # the host sync
+        flags = torch.stack([flag.to(torch.int8) for flag in (masked, compactable, misplaced)])
+        masks, compacts, misplaces = flags.cpu().tolist()  # the host sync
         prefill = [q > self.decode_limit for q in self.query_lens]
-        tiles = [p and w for p, w in zip(prefill, flags[0])]
-        moved = [p and not w and m for p, w, m in zip(prefill, *flags)]
-        at_origin = [p and not w and not m for p, w, m in zip(prefill, *flags)]
-        pages = [-(-n // self.block_size) if m else 0 for m, n in zip(moved, self.seq_len_bounds)]
+        at_origin = [p and not w and not m for p, w, m in zip(prefill, masks, misplaces)]
+        # A compactable request reads its keys less its hidden blocks from scratch, moved or not.
+        on_scratch = [p and (c or (m and not w)) for p, w, c, m in zip(prefill, masks, compacts, misplaces)]
+        tiles = [p and w and not c for p, w, c in zip(prefill, masks, compacts)]
+        pages = [-(-n // self.block_size) if s else 0 for s, n in zip(on_scratch, self.seq_len_bounds)]
         if sum(pages) * self.page_bytes > self.scratch_budget_bytes:
-            tiles = [t or m for t, m in zip(tiles, moved)]
-            moved, pages = [False] * len(moved), [0] * len(moved)
+            tiles = [t or s for t, s in zip(tiles, on_scratch)]
+            on_scratch, pages = [False] * len(on_scratch), [0] * len(on_scratch)
         pad = [0] * (seq_lens.shape[0] - len(self.query_lens))  # requests the device tensors pad with
         rows = torch.tensor(
             [[q if a else 0 for q, a in zip(self.query_lens, at_origin)] + pad,
-             [q if m else 0 for q, m in zip(self.query_lens, moved)] + pad,
-             [int(m) for m in moved] + pad, [int(t) for t in tiles] + pad],
+             [q if s else 0 for q, s in zip(self.query_lens, on_scratch)] + pad,
+             [int(s) for s in on_scratch] + pad, [int(t) for t in tiles] + pad],
             dtype=torch.int32,
         ).to(seq_lens.device, non_blocking=True)  # fmt: skip
         scratch = None
-        if any(moved):
-            dev_pages = torch.where(rows[2] > 0, (seq_lens + self.block_size - 1) // self.block_size, 0)
-            start = torch.where(rows[2] > 0, torch.cumsum(dev_pages, 0) - dev_pages, -1).to(torch.int32)
-            scratch = Scratch(start, page_table(start, max(pages)), rows[1], sum(pages), max(pages))
+        if any(on_scratch):
+            scratch = self._scratch(rows[2] > 0, compactable.bool(), hidden_blocks, seq_lens, rows[1], pages)
         routes = Routes(
             at_origin=rows[0] if any(at_origin) else None,
             scratch=scratch,
             tiles=rows[3].to(torch.int8) if any(tiles) else None,
         )
         return dataclasses.replace(self, routes=routes)
+
+    def _scratch(
+        self,
+        on_scratch: torch.Tensor,
+        compactable: torch.Tensor,
+        hidden_blocks: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_used: torch.Tensor,
+        pages: list[int],
+    ) -> Scratch:
+        """The scratch pages of the requests ``on_scratch`` (device flags). Each request's pages
+        are reserved for its whole length, as the host sized ``pages``; a compactable one fills
+        them from the first, without its hidden blocks."""
+        size = self.block_size
+        dev_pages = torch.where(on_scratch, (seq_lens + size - 1) // size, 0)
+        start = torch.where(on_scratch, torch.cumsum(dev_pages, 0) - dev_pages, -1).to(torch.int32)
+        cols = torch.arange(hidden_blocks.shape[1], device=hidden_blocks.device)
+        in_request = cols[None, :] * size < seq_lens[:, None]
+        left_out = hidden_blocks & in_request & (on_scratch & compactable)[:, None]
+        copied = in_request & on_scratch[:, None] & ~left_out
+        block_pages = torch.where(copied, start[:, None] + torch.cumsum(copied, dim=1) - 1, -1).to(torch.int32)
+        seq_used = (seq_lens - size * left_out.sum(dim=1)).to(torch.int32)
+        return Scratch(start, page_table(start, max(pages)), block_pages, query_used, seq_used, sum(pages), max(pages))
 
 
 def plan_step(
@@ -237,12 +278,10 @@ def paged_rope_attention(
             scratch_budget_bytes=scratch_budget_bytes,
         )
     if plan.has_prefill and plan.routes is None:
+        hidden_blocks = hidden_per_block(block_table, block_kind)
+        mask_inputs = (window_starts, hidden_blocks, query_start_loc, seq_lens, block_size)
         plan = plan.routed(
-            requests_with_masks(
-                window_starts, hidden_per_block(block_table, block_kind), query_start_loc, seq_lens, block_size
-            ),
-            moved,
-            seq_lens,
+            requests_with_masks(*mask_inputs), compactable_requests(*mask_inputs), moved, hidden_blocks, seq_lens
         )
     work = TileLaunch(
         query, key_cache, value_cache, block_table, block_kind, block_origin, moved, hidden, query_start_loc,
@@ -279,12 +318,12 @@ def _prefill(
         scratch = routes.scratch
         key_pages, value_pages = rotate_into_pages(
             work.key_cache, work.value_cache, work.block_table, work.block_origin, work.seq_lens,
-            scratch.page_start, work.cos_sin, work.rotary_dim, work.is_neox, num_pages=scratch.num_pages,
+            scratch.block_pages, work.cos_sin, work.rotary_dim, work.is_neox, num_pages=scratch.num_pages,
             max_pages=scratch.max_pages,
         )  # fmt: skip
         paged_attention(
             work.query, key_pages, value_pages, scratch.page_table, work.query_start_loc, scratch.query_used,
-            work.seq_lens, plan.max_query_len, plan.max_seq_len, work.scale, output,
+            scratch.seq_used, plan.max_query_len, plan.max_seq_len, work.scale, output,
         )  # fmt: skip
     if routes.tiles is not None:
         launch(work, output, cfg, req_flags=routes.tiles, **tiles)

@@ -3,7 +3,8 @@
 The rule itself (block kinds, spans, hidden heads, visibility) is stated once, in scalar
 form, in `minipic_protocol.blocks`; these are its tensor forms for the per-step recorder
 and the attention kernels (graph-safe, no host sync), tested equal to the scalar ones;
-`requests_with_hidden` is the kernels' per-request switch for the hidden-block mask.
+`requests_with_hidden` is the kernels' per-request switch for the hidden-block mask;
+`requests_with_masks` and `compactable_requests` route prefill requests between kernels.
 """
 
 from __future__ import annotations
@@ -74,6 +75,17 @@ def requests_with_hidden(hidden: torch.Tensor, seq_lens: torch.Tensor, block_siz
     return (hidden & in_range).any(dim=1).to(torch.int8)
 
 
+def _query_blocks(
+    num_blocks: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """``(num_reqs, num_blocks)`` bool: the logical blocks holding a request's query rows."""
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    first = (seq_lens - q_lens) // block_size
+    last = (seq_lens - 1) // block_size
+    cols = torch.arange(num_blocks, device=seq_lens.device)
+    return (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
+
+
 def requests_with_masks(
     window_starts: torch.Tensor,
     hidden: torch.Tensor,
@@ -89,11 +101,28 @@ def requests_with_masks(
     later span). A request with neither kind of row needs no mask support (a stock causal
     kernel computes it).
     """
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    first = (seq_lens - q_lens) // block_size
-    last = (seq_lens - 1) // block_size
-    cols = torch.arange(window_starts.shape[1], device=window_starts.device)
-    in_range = (cols[None, :] >= first[:, None]) & (cols[None, :] <= last[:, None])
+    rows = _query_blocks(window_starts.shape[1], query_start_loc, seq_lens, block_size)
     hidden_before = torch.cummax(hidden.to(torch.int8), dim=1).values > 0
     masked = (window_starts > 0) | ((window_starts < 0) & hidden_before)
-    return (masked & in_range).any(dim=1)
+    return (masked & rows).any(dim=1)
+
+
+def compactable_requests(
+    window_starts: torch.Tensor,
+    hidden: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """``(num_reqs,)`` bool: masked requests (`requests_with_masks`) whose query rows all lie
+    outside every span.
+
+    Such rows all see the same keys: causal, less every hidden block, and every hidden
+    block lies before the first row (an HSep block among the rows would make them span
+    rows). A stock causal kernel over the keys with the hidden blocks left out is
+    therefore exact for them (a refreshed-heads final prompt: its question after cached
+    HSep spans).
+    """
+    rows = _query_blocks(window_starts.shape[1], query_start_loc, seq_lens, block_size)
+    in_span = ((window_starts >= 0) & rows).any(dim=1)
+    return requests_with_masks(window_starts, hidden, query_start_loc, seq_lens, block_size) & ~in_span

@@ -4,10 +4,10 @@ Triton compiles a kernel the first time it meets a new set of compile-time const
 (and integer/pointer specialisations). A step writes its keys and values (`kv_write`),
 then `paged_rope_attention` picks among a fixed set of variants per layer shape: the
 decode launch for single-token and multi-token decodes, each with and without key splits
-(plus their merge), the pre-pass moving misplaced blocks into scratch pages, and the tile
-launch (windowed or misplaced requests with a stock kernel, every prefill without one).
-`warm_up` runs one small batch per variant, with tensors strided exactly like vLLM's, so
-serving never waits for a compiler.
+(plus their merge), the pre-pass moving keys into scratch pages, and the tile launch
+(the prefill a stock kernel cannot take, every prefill without one). `warm_up` runs one
+small batch per variant, with tensors strided exactly like vLLM's, so serving never waits
+for a compiler.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from minipic_kernels.block_kinds import (
+    compactable_requests,
     hidden_per_block,
     requests_with_hidden,
     requests_with_masks,
@@ -91,8 +92,14 @@ def derive_step(metadata: Any, records: BlockRecords, *, first_layer: bool) -> N
     metadata.moved = misplaced_requests(table, records.origin, seq_lens, size)
     metadata.hidden = requests_with_hidden(hidden_blocks, seq_lens, size)
     if metadata.plan is not None and metadata.plan.has_prefill:
-        masked = requests_with_masks(metadata.window_starts, hidden_blocks, metadata.query_start_loc, seq_lens, size)
-        metadata.plan = metadata.plan.routed(masked, metadata.moved, seq_lens)
+        mask_inputs = (metadata.window_starts, hidden_blocks, metadata.query_start_loc, seq_lens, size)
+        metadata.plan = metadata.plan.routed(
+            requests_with_masks(*mask_inputs),
+            compactable_requests(*mask_inputs),
+            metadata.moved,
+            hidden_blocks,
+            seq_lens,
+        )
 
 
 def link_block_records(model: torch.nn.Module, device: torch.device) -> BlockRecords:

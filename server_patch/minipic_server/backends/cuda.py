@@ -5,7 +5,8 @@ is `minipic_kernels.kv_write.write_kv` (keys as the model rotated them, one laun
 vLLM's own write). Attention is `minipic_kernels.attention.paged_rope_attention`: decode
 rows by MiniPIC's Triton kernel, window-free prefill by vLLM's FlashAttention-3 (over the
 cache itself when every block sits where it was computed, over scratch pages for requests
-reading a cached span elsewhere), prefill with span windows by MiniPIC's tile kernel.
+reading a cached span elsewhere or skipping only hidden heads before all their rows),
+prefill with span windows by MiniPIC's tile kernel.
 """
 
 from __future__ import annotations
