@@ -108,7 +108,8 @@ def pic_prompts(
 def refreshed_head_prompts(seed: int = 33, count: int = 16) -> tuple[list[Segment], list[list[int]], list[int]]:
     """The default layout's final prompts (`RefreshedHeads`): each document's head computed in
     context after a PDep, then the document as a cached HSep span whose first block only the
-    span sees; what each prompt should find cached (the system prompt and the spans)."""
+    span sees; what each prompt should find cached at least (the system prompt and the spans:
+    a head is found too where another prompt opened with the same document)."""
     rng = random.Random(seed)
     sys_ = system(random_tokens(rng, 25))
     texts = [random_tokens(rng, rng.randrange(30, 400)) for _ in range(6)]
@@ -164,7 +165,7 @@ def test_refreshed_heads_over_cached_spans_answer_like_a_cold_cache(pic_bf16) ->
         prefill(server, list(part.tokens))
     warm = answer_all(server, prompts)
     assert all(result.cached_tokens == 0 for result in cold)
-    assert [result.cached_tokens for result in warm] == cached
+    assert all(result.cached_tokens >= least for result, least in zip(warm, cached, strict=True))
     for expected, actual in zip(cold, warm, strict=True):
         assert_same_answer(expected, actual)
 
