@@ -1,0 +1,26 @@
+"""`benchmarks/pyspy_summary.py`: py-spy's raw stacks as per-process function shares."""
+
+from __future__ import annotations
+
+from pyspy_summary import summarise
+
+RAW = "\n".join([
+    'process 1:"python -m serve";process 2:"VLLM::EngineCore";run (vllm/core.py:10);step (vllm/core.py:20) 6',
+    'process 1:"python -m serve";process 2:"VLLM::EngineCore";run (vllm/core.py:10);wait (x/attention.py:142) 2',
+    'process 1:"python -m serve";main (api.py:5);handle (api.py:9) 3',
+    'process 1:"python -m serve";main (api.py:5);f (api.py:9);f (api.py:9) 1',
+])
+
+
+def test_shares_are_per_process_and_count_a_frame_once_per_stack() -> None:
+    summary = summarise(RAW, top=10)
+    engine = summary["VLLM::EngineCore"]
+    assert engine["samples"] == 8
+    assert dict(engine["functions"]) == {"run (core.py:10)": 1.0, "step (core.py:20)": 0.75, "wait (attention.py:142)": 0.25}
+    api = summary["api server (root process)"]
+    assert api["samples"] == 4
+    assert dict(api["functions"]) == {"main (api.py:5)": 1.0, "handle (api.py:9)": 0.75, "f (api.py:9)": 0.25}
+
+
+def test_top_keeps_the_most_frequent_functions() -> None:
+    assert [f for f, _ in summarise(RAW, top=1)["VLLM::EngineCore"]["functions"]] == ["run (core.py:10)"]
