@@ -111,6 +111,7 @@ def test_benchmark_tables_are_printed_from_their_results() -> None:
 
 
 ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
+LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
 
 
 def _table1_medians(name: str, configuration: str) -> dict[int, dict]:
@@ -164,10 +165,10 @@ def _readme_figures() -> list[str]:
     moved = next(t["ratio"] for t in _result("attention-h200-f84bf1a-decode.json")["times"] if "moved" in t["case"])
     replicas = _result("replicas-h200.json")["summary"]
     return [
-        f"**{_ratio('served-h200-refreshed-heads.json', ISPS, 1)}** stock's samples/s "
-        f"({_ratio('served-h200-refreshed-heads.json', ISPS, 32)} with 32 generated tokens",
-        f"**{_ratio('served-h200.json', ISPS, 1)}** ({_ratio('served-h200.json', ISPS, 32)};",
-        f"and {_ratio('served-h200-table1-ae8e479.json', ISPS, 1)} at one generated token on commit ae8e479",
+        f"**{_ratio(LATEST, f'{ISPS}, refreshed-heads', 1)}** stock's samples/s (median of 3 runs, commit 8b98355; "
+        f"{_ratio('served-h200-refreshed-heads.json', ISPS, 32)} with 32 generated tokens on commit 8f4689f",
+        f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio('served-h200.json', ISPS, 1)}, and "
+        f"{_ratio('served-h200.json', ISPS, 32)} with 32 generated tokens, on commit 99f8fb0)",
         f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
         f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
         f"Attention takes {_attention_range('attention-h200-a4b6f6a-hidden-mask.json', 'prefill_')} FA3's time",
