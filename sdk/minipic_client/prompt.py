@@ -193,6 +193,7 @@ TECHNIQUES: dict[str, Technique] = {
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
+    "lead2-text-refreshed-heads": LeadInContext(RefreshedHeads(), lead=2, as_text=True),
 }
 
 
