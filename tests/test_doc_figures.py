@@ -24,7 +24,8 @@ ROW = re.compile(
 
 # Rows each family-harness result has in docs/accuracy.md's tables.
 ACCURACY_TABLE_ROWS = {
-    "accuracy-families-smollm2-h200.json": 21,  # 3 families x 7 layouts
+    "accuracy-families-smollm2-h200-1000.json": 21,  # 3 families x 7 layouts
+    "accuracy-families-smollm2-h200.json": 21,
     "accuracy-families-smollm2-cpu-newline.json": 2,  # single facts: full, refreshed heads
     "accuracy-families-smollm2-cpu-own.json": 2,
     "accuracy-families-smollm2-cpu-lead.json": 3,  # single facts: full, refreshed heads, lead in context
@@ -125,7 +126,8 @@ def _speed_row(label: str, name: str, configuration: str) -> str:
     """docs/accuracy.md's speed row of a layout: ratios to stock FA3 at 1 and 32 output tokens
     (medians of the runs), the final prompts' cached share and computed tokens per sample."""
     ours, stock = _table1_medians(name, configuration), _table1_medians(name, STOCK_FA3)
-    ratio = {mt: f"{ours[mt]['samples_per_s'] / stock[mt]['samples_per_s']:.2f}x" for mt in (1, 32)}
+    ratio = {mt: f"{ours[mt]['samples_per_s'] / stock[mt]['samples_per_s']:.2f}x" if mt in ours else "not run"
+             for mt in (1, 32)}
     per_sample = ours[1]["computed_prompt_tokens_per_s"] / ours[1]["samples_per_s"]
     return f"| {label} | {ratio[1]} | {ratio[32]} | {ours[1]['final_cached_fraction']:.1%} | {per_sample:,.0f} |"
 
@@ -133,6 +135,9 @@ def _speed_row(label: str, name: str, configuration: str) -> str:
 def test_accuracy_speed_table_matches_its_results() -> None:
     doc = (ROOT / "docs/accuracy.md").read_text()
     for label, name, configuration in [
+        ("`refreshed-heads` (default), commit 8b98355", LATEST, f"{ISPS}, refreshed-heads"),
+        ("`block`, commit 8b98355", LATEST, f"{ISPS}, block"),
+        ("plain prompts (stock), commit 8b98355", LATEST, STOCK_FA3),
         ("`refreshed-heads` (default)", "served-h200-refreshed-heads.json", ISPS),
         ("`block` (commit 99f8fb0, `served-h200.json`)", "served-h200.json", ISPS),
         ("plain prompts (stock)", "served-h200-refreshed-heads.json", STOCK_FA3),
@@ -313,3 +318,66 @@ def test_the_text_lead_runs_places_and_pairing_match_their_results() -> None:
             f"refreshed heads {refreshed_first}), and {others[2]} of the {others[0]} others (full {others[1]})") in doc
     assert f"{gained} answers turn right and {lost} wrong (exact McNemar p={mcnemar_exact(gained, lost):.2f})" in doc
     assert f"the {100 * (gained - lost) / len(verdicts):.1f}-point gain over refreshed heads" in doc
+
+
+def test_the_h200_run_of_1000_questions_by_place_and_pairings_match_its_results() -> None:
+    """docs/accuracy.md on the 1,000-question run: single facts by place, where refreshed heads
+    lose, and the text leads against refreshed heads on the same questions."""
+    name = "accuracy-families-smollm2-h200-1000.json"
+    layouts = ["full", "refreshed_heads", "lead_text_refreshed_heads", "lead2_text_refreshed_heads", "pdep_passages"]
+    places = _by_place(name, layouts)
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for place, row in places.items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    text = " ".join(doc.split())
+    lost = sum(row[1] - row[2] for row in places.values())
+    assert (f"refreshed heads answer {places[1][2]} of the {places[1][0]} first-place questions against full "
+            f"attention's {places[1][1]}, {places[1][1] - places[1][2]} of the {lost} answers they lose") in text
+    assert f"recovers to {places[1][3]} of {places[1][0]}, but the second collapses to {places[2][3]} of " \
+           f"{places[2][0]} (refreshed heads {places[2][2]}, full attention {places[2][1]})" in text
+    questions = _result(name)["families"]["single"]["questions"]
+
+    def pairing(layout: str) -> tuple[int, int, float]:
+        verdicts = [(q["answers"][layout]["correct"], q["answers"]["refreshed_heads"]["correct"]) for q in questions]
+        gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+        return gained, lost, mcnemar_exact(gained, lost)
+
+    gained, lost, p = pairing("lead_text_refreshed_heads")
+    assert f"gains {gained} answers and loses {lost} (exact McNemar p={p:.2f})" in text
+    gained, lost, p = pairing("lead2_text_refreshed_heads")
+    assert p < 0.001 and f"gains {gained} and loses {lost} (p<0.001)" in text
+
+
+def test_the_h200_run_of_1000_questions_summary_figures_match_its_results() -> None:
+    """The figures docs/accuracy.md's bullets quote from the 1,000-question run and the layout shares."""
+    families = _result("accuracy-families-smollm2-h200-1000.json")["families"]
+    shares = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]
+
+    def acc(family: str, layout: str) -> float:
+        return families[family]["summary"][layout]["accuracy"]
+
+    def diff(family: str, layout: str) -> str:
+        return f"{families[family]['summary'][layout]['vs_full']['difference'] * 100:+.1f}"
+
+    def recovered(family: str) -> str:
+        full, block = acc(family, "full"), acc(family, "block")
+        return f"{(acc(family, 'refreshed_heads') - block) / (full - block):.0%}"
+
+    single = families["single"]["summary"]
+    text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    lead_text, lead2 = "lead_text_refreshed_heads", "lead2_text_refreshed_heads"
+    figures = [
+        f"**The default loses {-float(diff('single', 'refreshed_heads')):.1f} points on single facts**",
+        f"wins back {recovered('single')} of Block-Attention's single-fact loss, "
+        f"{recovered('synthetic')} on the synthetic",
+        f"where it beats full attention by {float(diff('bridge', 'refreshed_heads')):.1f} points",
+        f"cost {-float(diff('single', 'pdep_passages')):.1f} points on single facts",
+        f"`{lead2}`: {diff('single', lead2)} / {diff('bridge', lead2)} / {diff('synthetic', lead2)})",
+        f"takes only {shares[lead2]['from_cache']:.0%} of a final prompt from the cache and computes "
+        f"{shares[lead2]['computed_vs_plain']:.2f} of the plain prompt's tokens",
+        f"and {single[lead2]['tokens']['computed_vs_full']:.2f} of full attention's in this cold run",
+        f"costs {round(100 * (shares['refreshed_heads']['from_cache'] - shares[lead_text]['from_cache']))} points "
+        "of cache share",
+    ]
+    missing = [figure for figure in figures if figure not in text]
+    assert not missing, missing

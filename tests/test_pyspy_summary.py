@@ -16,7 +16,9 @@ def test_shares_are_per_process_and_count_a_frame_once_per_stack() -> None:
     summary = summarise(RAW, top=10)
     engine = summary["VLLM::EngineCore"]
     assert engine["samples"] == 8
-    assert dict(engine["functions"]) == {"run (core.py:10)": 1.0, "step (core.py:20)": 0.75, "wait (attention.py:142)": 0.25}
+    assert dict(engine["functions"]) == {
+        "run (core.py:10)": 1.0, "step (core.py:20)": 0.75, "wait (attention.py:142)": 0.25
+    }
     api = summary["api server (root process)"]
     assert api["samples"] == 4
     assert dict(api["functions"]) == {"main (api.py:5)": 1.0, "handle (api.py:9)": 0.75, "f (api.py:9)": 0.25}
