@@ -381,3 +381,6 @@ def test_the_h200_run_of_1000_questions_summary_figures_match_its_results() -> N
     ]
     missing = [figure for figure in figures if figure not in text]
     assert not missing, missing
+    client = " ".join((ROOT / "docs/client.md").read_text().split())
+    assert (f"{-float(diff('single', 'refreshed_heads')):.1f} points below full attention on single facts against "
+            f"Block-Attention's {-float(diff('single', 'block')):.0f}") in client
