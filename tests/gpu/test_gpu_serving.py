@@ -141,17 +141,26 @@ def test_plain_prompts_answer_like_stock(stock_plain, pic_bf16) -> None:
         assert_same_answer(expected, actual)
 
 
-def test_spans_moved_and_after_gaps_answer_like_a_cold_cache(pic_bf16) -> None:
-    server, _ = pic_bf16
-    parts, prompts, cached = pic_prompts()
-    cold = answer_all(server, prompts, salt="gpu-cold")
+def cold_then_warm(
+    server: RunningServer, parts: list[Segment], prompts: list[list[int]], salt: str
+) -> list[Completion]:
+    """Answer `prompts` with nothing cached (each under its own salt), prefill `parts`, answer
+    them again: the warm answers, each checked against its cold one."""
+    cold = answer_all(server, prompts, salt=salt)
     for part in parts:
         prefill(server, list(part.tokens))
     warm = answer_all(server, prompts)
     assert all(result.cached_tokens == 0 for result in cold)
-    assert [result.cached_tokens for result in warm] == cached
     for expected, actual in zip(cold, warm, strict=True):
         assert_same_answer(expected, actual)
+    return warm
+
+
+def test_spans_moved_and_after_gaps_answer_like_a_cold_cache(pic_bf16) -> None:
+    server, _ = pic_bf16
+    parts, prompts, cached = pic_prompts()
+    warm = cold_then_warm(server, parts, prompts, salt="gpu-cold")
+    assert [result.cached_tokens for result in warm] == cached
 
 
 def test_refreshed_heads_over_cached_spans_answer_like_a_cold_cache(pic_bf16) -> None:
@@ -160,14 +169,8 @@ def test_refreshed_heads_over_cached_spans_answer_like_a_cold_cache(pic_bf16) ->
     prompt (the tile kernel, span windows and hidden heads masked)."""
     server, _ = pic_bf16
     parts, prompts, cached = refreshed_head_prompts()
-    cold = answer_all(server, prompts, salt="gpu-cold-refreshed")
-    for part in parts:
-        prefill(server, list(part.tokens))
-    warm = answer_all(server, prompts)
-    assert all(result.cached_tokens == 0 for result in cold)
+    warm = cold_then_warm(server, parts, prompts, salt="gpu-cold-refreshed")
     assert all(result.cached_tokens >= least for result, least in zip(warm, cached, strict=True))
-    for expected, actual in zip(cold, warm, strict=True):
-        assert_same_answer(expected, actual)
 
 
 def test_no_minipic_kernel_compiles_after_ready(pic_bf16) -> None:
