@@ -86,11 +86,6 @@ register("lead_text_refreshed_heads", "the first passage continuing the prefix a
          technique=lambda ctx: minipic_client.LeadInContext(as_text=True))  # fmt: skip
 register("lead2_text_refreshed_heads", "the first two passages continuing the prefix as plain text, the others as "
          "refreshed heads", technique=lambda ctx: minipic_client.LeadInContext(lead=2, as_text=True))  # fmt: skip
-register("refreshed_heads_front_pad", "refreshed heads, the prefix's pads opening the prompt instead of closing "
-         "the prefix", technique=lambda ctx: minipic_client.RefreshedHeads(front_padding=True))  # fmt: skip
-register("lead_text_refreshed_heads_front_pad", "the first passage as text after the prefix, the pads opening the "
-         "prompt, the others as refreshed heads",
-         technique=lambda ctx: minipic_client.LeadInContext(as_text=True, front_padding=True))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 

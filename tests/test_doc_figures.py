@@ -31,6 +31,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-lead.json": 3,  # single facts: full, refreshed heads, lead in context
     "accuracy-families-smollm2-cpu-joined.json": 2,  # single facts: full, the first head joined to the prefix
     "accuracy-families-smollm2-cpu-lead-text.json": 2,  # single facts: full, the first passage as prefix text
+    "accuracy-families-smollm2-cpu-front-pad.json": 3,  # single facts: full, two layouts with the pads first
 }
 
 
@@ -384,3 +385,15 @@ def test_the_h200_run_of_1000_questions_summary_figures_match_its_results() -> N
     client = " ".join((ROOT / "docs/client.md").read_text().split())
     assert (f"{-float(diff('single', 'refreshed_heads')):.1f} points below full attention on single facts against "
             f"Block-Attention's {-float(diff('single', 'block')):.0f}") in client
+
+
+def test_the_front_padding_run_matches_its_results() -> None:
+    """docs/accuracy.md on pads moved to the prompt's start, against the CPU run of refreshed heads."""
+    front, own = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]
+                  for run in ("front-pad", "own"))
+    assert all(a["answers"]["full"]["text"] == b["answers"]["full"]["text"]
+               for a, b in zip(front["questions"], own["questions"], strict=True))
+    padded = front["summary"]["refreshed_heads_front_pad"]["accuracy"]
+    unpadded = own["summary"]["refreshed_heads"]["accuracy"]
+    text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert f"costs refreshed heads {round(100 * (unpadded - padded))} more points ({pct(unpadded)}% without it" in text

@@ -406,7 +406,6 @@ class SpanClient:
         *,
         strategy: Strategy = Strategy.ISPS,
         add_special_tokens: bool = True,
-        front_padding: bool = False,
     ) -> PromptLayout:
         """Token layout of a part-built prompt; raises `PromptTooLongError` before sending."""
         session = self._live
@@ -417,7 +416,7 @@ class SpanClient:
             )
         max_model_len = session.max_model_len
         layout = session.builder.build(
-            parts, pic=strategy.pic, add_special_tokens=add_special_tokens, front_padding=front_padding
+            parts, pic=strategy.pic, add_special_tokens=add_special_tokens
         )
         if len(layout.token_ids) >= max_model_len:
             raise PromptTooLongError(len(layout.token_ids), max_model_len)
@@ -439,13 +438,12 @@ class SpanClient:
                 "cannot follow modules (spans); pass modules=() or another technique"
             )
         documents = [*(Span(self._module(name)) for name in request.modules), *laid_out]
-        front_padding = getattr(technique, "front_padding", False)
         chat = self._live.chat
         if chat is not None and not request.raw:
             parts = chat.parts(request.system, documents, request.task)
-            return self.layout(parts, strategy=strategy, add_special_tokens=False, front_padding=front_padding)
+            return self.layout(parts, strategy=strategy, add_special_tokens=False)
         head: list[Part] = [Text(request.system)] if request.system else []
-        return self.layout([*head, *documents, Dependent(request.task)], strategy=strategy, front_padding=front_padding)
+        return self.layout([*head, *documents, Dependent(request.task)], strategy=strategy)
 
     async def generate(
         self,

@@ -143,7 +143,6 @@ class RefreshedHeads(_SpanEach):
     so no pad or marker stands between the start of the user turn and the first document."""
 
     join_prefix: bool = False
-    front_padding: bool = False  # the prefix's pads before it, not between it and the first document
 
     def span(self, text: str) -> Span:
         return Span(text, head="refreshed")
@@ -168,7 +167,6 @@ class LeadInContext:
     rest: SpanTechnique = RefreshedHeads()
     lead: int = 1
     as_text: bool = False  # the leading documents continue the prefix: no marker or pad before them
-    front_padding: bool = False  # the prefix's pads before it, not between it and the next document
 
     def __post_init__(self) -> None:
         if not isinstance(self.rest, _SpanEach):
@@ -267,12 +265,11 @@ class PromptBuilder:
         self._prefix_and_head = lru_cache(maxsize=cache_size)(self._build_prefix_and_head)
 
     def build(
-        self, parts: Sequence[Part], *, pic: bool = True, add_special_tokens: bool = True, front_padding: bool = False
+        self, parts: Sequence[Part], *, pic: bool = True, add_special_tokens: bool = True
     ) -> PromptLayout:
         """Lay `parts` out. ``pic=False``: the same text with no markers or padding
         (the baseline). `add_special_tokens` prepends what the tokenizer puts before
-        text (BOS), like vLLM does for text prompts; chat templates include it.
-        `front_padding`: the prefix's pads open the prompt instead of closing the prefix."""
+        text (BOS), like vLLM does for text prompts; chat templates include it."""
         if not pic:
             return self._plain(parts, add_special_tokens)
         groups = _segments(parts)
@@ -285,7 +282,7 @@ class PromptBuilder:
             if joined is not None and i < 2:
                 pieces = self._prefix_and_head(texts, add_special_tokens, joined) if i == 0 else ()
             else:
-                pieces = self._segment(opener, texts, add_special_tokens and i == 0, i < last, front_padding)
+                pieces = self._segment(opener, texts, add_special_tokens and i == 0, i < last)
             for piece in pieces:
                 if piece.prefill is not None:
                     prefills.append(piece.prefill)
@@ -325,7 +322,7 @@ class PromptBuilder:
         return PromptLayout(ids, (), 0)
 
     def _build_segment(
-        self, opener: _Opener, texts: tuple[Text, ...], leading: bool, followed: bool, front_padding: bool = False
+        self, opener: _Opener, texts: tuple[Text, ...], leading: bool, followed: bool
     ) -> tuple[_Piece, ...]:
         trailing = self._text_ids(texts)
         if opener is None:
@@ -334,7 +331,7 @@ class PromptBuilder:
                 return ()
             if not followed:
                 return (_Piece(ids, None),)
-            ids = (self._pad_id,) * (-len(ids) % self._block) + ids if front_padding else self._pad(ids)
+            ids = self._pad(ids)
             return (_Piece(ids, Prefill.of("prefix", ids)),)
         body = self._tokens.encode(opener.text)
         if isinstance(opener, Dependent):
