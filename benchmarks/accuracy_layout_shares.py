@@ -20,7 +20,8 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from minipic_client import BlockAttention, Epic, HiddenSink, LeadInContext, RefreshedHeads, Tokenizer
+from minipic_client import RefreshedHeads, Tokenizer
+from minipic_client.prompt import TECHNIQUES as SDK_TECHNIQUES
 from minipic_client.prompt import ChatTemplate, PromptBuilder
 from minipic_client.tokens import TokenCache
 
@@ -30,11 +31,9 @@ from provenance import provenance
 
 # SmolLM2-135M-Instruct's markers as `minipic serve` picks them (docs/accuracy.md), block size 16.
 MARKERS = {"hsep_token_id": 13, "ssep_token_id": 14, "pdep_token_id": 15, "pad_token_id": 16}
-TECHNIQUES = {"block": BlockAttention(), "hidden_sink": HiddenSink(), "epic1": Epic(1), "epic2": Epic(2),
-              "refreshed_heads": RefreshedHeads(), "lead_refreshed_heads": LeadInContext(RefreshedHeads()),
-              "refreshed_heads_joined": RefreshedHeads(join_prefix=True),
-              "lead_text_refreshed_heads": LeadInContext(RefreshedHeads(), as_text=True),
-              "lead2_text_refreshed_heads": LeadInContext(RefreshedHeads(), lead=2, as_text=True)}  # fmt: skip
+# The SDK's layouts by the harness's names (`--layout refreshed-heads` is `refreshed_heads`), and one more.
+TECHNIQUES = {name.replace("-", "_"): technique for name, technique in SDK_TECHNIQUES.items()}
+TECHNIQUES["refreshed_heads_joined"] = RefreshedHeads(join_prefix=True)
 
 
 def main() -> None:
