@@ -65,6 +65,7 @@ def served_figure2(data: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key, label, style in (
         ("stock_uncached_ttft_s", "stock FA3, uncached", "o-"),
+        ("stock_cached_ttft_s", "stock FA3, the same prompt from its prefix cache", "o:"),
         ("pic_spans_computed_ttft_s", "MiniPIC, spans computed in the prompt", "s-"),
         ("preload_s", "MiniPIC, preloading the k documents", "^--"),
         ("pic_cached_ttft_s", "MiniPIC, k documents cached", "D-"),

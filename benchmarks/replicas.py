@@ -10,8 +10,10 @@ workload (`served.table1_requests`, max_tokens 1) runs through one `SpanClient`:
    ZMQ; between runs both reset their prefix cache (``VLLM_SERVER_DEV_MODE=1``), so one
    run's cache never helps the next (a reset rather than a fresh cache salt per run: KV
    events do not name a salt, so salted spans are not followed). Runs, ISPS each:
-   ``placement`` (`SpanAffinity`, KV events followed), ``round-robin`` (`RoundRobin`)
-   and ``one replica`` (the first replica alone: the hit rate placement should reach);
+   ``placement`` (`SpanAffinity`, KV events followed), ``round-robin`` (`RoundRobin`: a
+   balancer's, each request to the next replica), ``round-robin per job``
+   (`RoundRobin(per_job=True)`: a job's prefills and final together) and ``one replica``
+   (the first replica alone: the hit rate placement should reach);
 2. two stock `vllm serve` replicas (served.py's ``stock-fa3``), plain prompts round-robin;
 3. ``--parts eviction``: two `minipic serve` replicas whose KV cache holds about a quarter
    of the workload's distinct span tokens each, plus the blocks of ``--eviction-in-flight``
@@ -264,12 +266,10 @@ def summarise(result: dict) -> dict:
         ratio = placed["span_hit_rate"] / alone["span_hit_rate"]
         summary["placement_over_one_replica_hit_rate"] = ratio
         summary["goal_met"] = ratio >= GOAL
-    if placed and "round-robin" in rows:
-        summary["placement_over_round_robin_samples_per_s"] = placed["samples_per_s"] / rows["round-robin"][
-            "samples_per_s"]
-    if placed and "stock round-robin" in rows:
-        summary["placement_over_stock_samples_per_s"] = placed["samples_per_s"] / rows["stock round-robin"][
-            "samples_per_s"]
+    for baseline, key in (("round-robin", "round_robin"), ("round-robin per job", "round_robin_per_job"),
+                          ("stock round-robin", "stock")):  # fmt: skip
+        if placed and baseline in rows:
+            summary[f"placement_over_{key}_samples_per_s"] = placed["samples_per_s"] / rows[baseline]["samples_per_s"]
     with_events, without = rows.get("eviction: placement, KV events"), rows.get("eviction: placement, no events")
     if with_events and without:
         summary["eviction_hit_rate_with_events"] = with_events["span_hit_rate"]
@@ -312,6 +312,7 @@ async def main_async(args: argparse.Namespace) -> int:
             endpoints = [r.endpoint for r in replicas]
             modes = [("placement", endpoints, SpanAffinity()),  # round-robin reads no events: none followed
                      ("round-robin", [Endpoint(r.url) for r in replicas], RoundRobin()),
+                     ("round-robin per job", [Endpoint(r.url) for r in replicas], RoundRobin(per_job=True)),
                      ("one replica", endpoints[:1], SpanAffinity())]  # fmt: skip
             for name, chosen, placement in modes:
                 row, layouts = await run_mode(name, replicas, chosen, placement, Strategy.ISPS, requests, pic, args)

@@ -204,7 +204,8 @@ async def first_token_s(http: httpx.AsyncClient, model: str, token_ids: list[int
 
 
 async def figure2(url: str, server: Server, docs_1k: list[str], args) -> list[dict]:
-    """TTFT of one request against k documents of ~1,000 tokens: cached, computed, stock."""
+    """TTFT of one request against k documents of ~1,000 tokens: cached, computed, stock (uncached,
+    and the same plain prompt again from vLLM's prefix cache: the floor of the serving path)."""
     rows = []
     events: list[RequestEvent] = []
     http = httpx.AsyncClient(base_url=url, timeout=600, transport=pooled_transport())
@@ -230,7 +231,11 @@ async def figure2(url: str, server: Server, docs_1k: list[str], args) -> list[di
                 else:
                     layout = client.rag_layout(request, strategy=Strategy.BASELINE)
                     ttft, usage = await first_token_s(http, model, layout.token_ids)
-                    row = {"k": k, "rep": rep, "stock_uncached_ttft_s": ttft,
+                    # The same prompt again, all but its last block in vLLM's prefix cache: what the
+                    # serving path costs a prompt of this length when nothing is left to compute.
+                    cached_s, again = await first_token_s(http, model, layout.token_ids)
+                    row = {"k": k, "rep": rep, "stock_uncached_ttft_s": ttft, "stock_cached_ttft_s": cached_s,
+                           "cached_tokens": (again.get("prompt_tokens_details") or {}).get("cached_tokens"),
                            "prompt_tokens": usage.get("prompt_tokens")}  # fmt: skip
                 if rep:
                     rows.append({"server": server.name, **row})

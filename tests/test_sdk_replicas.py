@@ -95,6 +95,16 @@ async def test_round_robin_misses_what_placement_hits(
     assert rate < 0.75  # each document's first use misses: its final lands where it was not prefilled
 
 
+async def test_round_robin_per_job_hits_but_prefills_each_document_on_every_replica(
+    fake_fleet: Fleet,
+) -> None:
+    fleet = fake_fleet(["http://r0", "http://r1"])
+    requests = one_doc_each(docs(9), uses=2)  # odd: a document's second use is on the other replica
+    async with fleet.client(placement=RoundRobin(per_job=True)) as client:
+        assert hit_rate(client, requests, await answers(client, requests, window=1)) == 1.0
+    assert set(span_prefills(fleet.servers).values()) == {2}
+
+
 async def test_data_parallel_ranks_are_replicas_by_header(
     fake_fleet: Fleet,
 ) -> None:

@@ -5,7 +5,7 @@ replicas can tell which spans a prompt holds: span blocks hash on their own, not
 chained from the prompt start as routers' prefix keys are. The client knows every
 span it sends and where, so it places them itself. Policies are small frozen
 objects that read a typed view of the replicas (`Holder`) and return a `Route`;
-`SpanAffinity` is the default, `RoundRobin` is what a load balancer would do.
+`SpanAffinity` is the default, `RoundRobin` is what a span-blind balancer would do.
 """
 
 from __future__ import annotations
@@ -167,11 +167,15 @@ class SpanAffinity:
 
 @dataclass(frozen=True, slots=True)
 class RoundRobin:
-    """A load balancer's placement, for comparison: every request (prefill or final) to
-    the next replica, blind to what each one holds."""
+    """Span-blind placement, for comparison. By default a load balancer's: every request
+    (prefill or final) to the next replica. ``per_job=True``: a client that spreads its
+    calls, every job (its prefills and its final together) to the next replica, so a
+    final finds what its own prefills sent, and each replica ends up prefilling every
+    document it is ever asked about."""
 
+    per_job: bool = False
     _turns: itertools.count[int] = field(default_factory=itertools.count, repr=False, compare=False)
 
     def route(self, prefills: Sequence[Prefill], replicas: Sequence[H]) -> Route[H]:
         prefill = replicas[next(self._turns) % len(replicas)]
-        return Route(prefill, replicas[next(self._turns) % len(replicas)])
+        return Route(prefill, prefill if self.per_job else replicas[next(self._turns) % len(replicas)])
