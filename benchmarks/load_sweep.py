@@ -349,6 +349,7 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=float(os.environ.get("DEADLINE", "inf")),
                         help="epoch seconds by which the run must end (default: $DEADLINE, else none)")  # fmt: skip
     args = parser.parse_args()
+    args.layouts = [args.layout]  # as served.connect reads it
     args.rates = sorted(args.rates)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sys.exit(asyncio.run(main_async(args)))

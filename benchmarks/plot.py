@@ -245,9 +245,11 @@ FIGURES = (
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
     ("accuracy-smollm2-cpu.json", "accuracy.png", accuracy),
+    ("served-figure2-h200-7139fcd.json", "served-figure2-7139fcd.png", served_figure2),
     ("replicas-h200.json", "scale-out-replicas.png", replicas),
-    ("load-h200.json", "load-ttft.png", load_sweep),
-    ("load-h200-warm.json", "load-ttft-warm.png", load_sweep),
+    ("replicas-h200-7139fcd.json", "scale-out-replicas-7139fcd.png", replicas),
+    ("load-h200-7139fcd.json", "load-ttft.png", load_sweep),
+    ("load-h200-block-7139fcd.json", "load-ttft-block.png", load_sweep),
 )
 
 

@@ -3,6 +3,7 @@
     python benchmarks/tables.py served benchmarks/results/served-h200.json
     python benchmarks/tables.py attention benchmarks/results/attention-h200.json
     python benchmarks/tables.py concurrency benchmarks/results/client-concurrency-cpu.json
+    python benchmarks/tables.py load benchmarks/results/load-h200-7139fcd.json
 """
 
 from __future__ import annotations
@@ -156,13 +157,26 @@ def concurrency(data: dict) -> Iterator[str]:
                    f"{r['sdk_pooled_transport']:,.0f}"))  # fmt: skip
 
 
+def load(data: dict) -> Iterator[str]:
+    """benchmarks/load_sweep.py: one row per server and offered rate, as `vllm bench serve` reports."""
+    yield (_row("server (layout)", "offered (samples/s)", "TTFT p50 (s)", "TTFT p99 (s)", "ITL p50 (ms)",
+                "E2E p99 (s)", "throughput (samples/s)", "goodput (samples/s)", "computed prompt tokens / sample"))
+    yield (_row(*["---"] * 9))
+    for r in data["rates"]:
+        censored = "+" if r.get("ttft_censored") else ""
+        yield (_row(f"{r['server']} ({r['layout']})", f"{r['rate']:g}", f"{r['ttft_p50_s']:.3f}",
+                    f"{r['ttft_p99_s']:.3f}{censored}", f"{r['itl_p50_s'] * 1000:.1f}", f"{r['e2e_p99_s']:.2f}",
+                    f"{r['throughput_per_s']:.1f}", f"{r['goodput_per_s']:.1f}",
+                    f"{r['computed_prompt_tokens_per_sample']:,.0f}"))  # fmt: skip
+
+
 # The printers by kind: each yields the lines (or blocks of lines) of its Markdown tables.
-TABLES = {"served": served, "attention": attention, "concurrency": concurrency}
+TABLES = {"served": served, "attention": attention, "concurrency": concurrency, "load": load}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=["served", "attention", "concurrency"])
+    parser.add_argument("kind", choices=list(TABLES))
     parser.add_argument("path", type=Path)
     args = parser.parse_args()
     for text in TABLES[args.kind](json.loads(args.path.read_text())):

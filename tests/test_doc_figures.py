@@ -69,7 +69,7 @@ def test_accuracy_tables_match_their_results() -> None:
 
 
 RESULT_FILE = re.compile(r"([\w.-]+\.json)")
-TABLE_KINDS = {"served": "served", "attention": "attention", "client-concurrency": "concurrency"}
+TABLE_KINDS = {"served": "served", "attention": "attention", "client-concurrency": "concurrency", "load": "load"}
 
 
 def _printed(name: str) -> list[str] | None:
