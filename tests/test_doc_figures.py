@@ -169,8 +169,11 @@ def _readme_figures() -> list[str]:
     cached = statistics.median(r["pic_cached_ttft_s"] for r in at_32 if "pic_cached_ttft_s" in r)
     uncached = statistics.median(r["stock_uncached_ttft_s"] for r in at_32 if "stock_uncached_ttft_s" in r)
     moved = next(t["ratio"] for t in _result("attention-h200-f84bf1a-decode.json")["times"] if "moved" in t["case"])
-    replicas = _result("replicas-h200.json")["summary"]
+    replicas = _result("replicas-h200-7139fcd.json")["summary"]
+    floor = statistics.median(r["stock_cached_ttft_s"] for r in _result("served-figure2-h200-7139fcd.json")["figure2"]
+                              if r["k"] == 32 and "stock_cached_ttft_s" in r)  # fmt: skip
     return [
+        f"which takes {floor:.3f} s to answer the same 32-document prompt fully cached",
         f"**{_ratio(LATEST, f'{ISPS}, refreshed-heads', 1)}** stock's samples/s (median of 3 runs, commit 8b98355; "
         f"{_ratio('served-h200-refreshed-heads.json', ISPS, 32)} with 32 generated tokens on commit 8f4689f",
         f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio('served-h200.json', ISPS, 1)}, and "
@@ -190,17 +193,49 @@ def test_readme_figures_match_their_results() -> None:
     assert not missing, f"README.md does not quote these as its results give them: {missing}"
 
 
-def test_scale_out_table_matches_its_results() -> None:
+REPLICA_RUNS = {"placement": "placement (`SpanAffinity`, KV events)", "round-robin": "round-robin",
+                "round-robin per job": "round-robin per job", "one replica": "one replica",
+                "stock round-robin": "stock FA3, round-robin", "eviction: placement, KV events": None,
+                "eviction: placement, no events": None}  # fmt: skip
+
+
+def _replica_rows(name: str) -> list[str]:
+    rows = []
+    for run in _result(name)["runs"]:
+        label = REPLICA_RUNS[run["mode"]] or run["mode"]
+        hits = "(plain prompts)" if run["span_hit_rate"] is None else f"{run['span_hit_rate']:.1%}"
+        if REPLICA_RUNS[run["mode"]]:  # the placement table: samples/s and whole-percent hit rates
+            hits = hits if run["span_hit_rate"] is None else f"{run['span_hit_rate']:.0%}"
+            rows.append(f"| {label} | {run['samples_per_s']:.1f} | {hits} | "
+                        f"{run['computed_tokens_per_sample']:,.0f} | {run['prefill_prompts']:,} |")  # fmt: skip
+        else:  # the eviction table: no samples/s (CPU)
+            rows.append(f"| {label} | {hits} | {run['computed_tokens_per_sample']:,.0f} | {run['prefill_prompts']:,} |")
+    return rows
+
+
+@pytest.mark.parametrize("name", ["replicas-h200-7139fcd.json", "replicas-eviction-cpu.json"])
+def test_scale_out_tables_match_their_results(name: str) -> None:
     doc = (ROOT / "docs/scale-out.md").read_text()
-    data = _result("replicas-h200.json")
-    labels = {"placement": "placement (`SpanAffinity`, KV events)", "round-robin": "round-robin",
-              "one replica": "one replica"}  # fmt: skip
-    for run in data["runs"]:
-        row = (f"| {labels[run['mode']]} | {run['samples_per_s']:.1f} | {run['span_hit_rate']:.0%} | "
-               f"{run['computed_tokens_per_sample']:,.0f} | {run['prefill_prompts']:,} |")  # fmt: skip
-        assert row in doc, f"docs/scale-out.md lacks {row!r}"
-    ratio = data["summary"]["placement_over_round_robin_samples_per_s"]
-    assert f"runs {ratio:.2f}x round-robin's samples/s" in " ".join(doc.split())
+    missing = [row for row in _replica_rows(name) if row not in doc]
+    assert not missing, f"docs/scale-out.md lacks {missing}"
+
+
+def test_scale_out_prose_figures_match_their_results() -> None:
+    doc = " ".join((ROOT / "docs/scale-out.md").read_text().split())
+    summary = _result("replicas-h200-7139fcd.json")["summary"]
+    ratios = (f"runs {summary['placement_over_round_robin_samples_per_s']:.2f}x round-robin's samples/s, "
+              f"{summary['placement_over_round_robin_per_job_samples_per_s']:.2f}x those of round-robin per job, and "
+              f"{summary['placement_over_stock_samples_per_s']:.2f}x those of two stock replicas")  # fmt: skip
+    assert ratios in doc
+    earlier = _result("replicas-h200.json")["summary"]
+    assert f"{earlier['placement_over_round_robin_samples_per_s']:.2f}x round-robin's samples/s; with every" in doc
+    eviction = _result("replicas-eviction-h200-7139fcd.json")
+    runs = {r["mode"]: r for r in eviction["runs"]}
+    with_events, without = runs["eviction: placement, KV events"], runs["eviction: placement, no events"]
+    assert (f"{eviction['eviction_blocks_per_replica']:,} blocks ({eviction['pairs'][0]['kv_cache_tokens'][0]:,} "
+            f"tokens) per replica") in doc  # fmt: skip
+    assert (f"{with_events['span_hit_rate']:.1%} span hit rate with KV events and {without['span_hit_rate']:.1%} "
+            f"without ({with_events['samples_per_s']:.1f} and {without['samples_per_s']:.1f} samples/s)") in doc
 
 
 @pytest.mark.parametrize(
@@ -397,3 +432,57 @@ def test_the_front_padding_run_matches_its_results() -> None:
     unpadded = own["summary"]["refreshed_heads"]["accuracy"]
     text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert f"costs refreshed heads {round(100 * (unpadded - padded))} more points ({pct(unpadded)}% without it" in text
+
+
+def test_figure2_floor_figures_match_their_results() -> None:
+    """docs/benchmarks.md's Figure 2 at 7139fcd: the ratios to stock's uncached and to its own cached floor."""
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    rows = _result("served-figure2-h200-7139fcd.json")["figure2"]
+
+    def median(k: int, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["k"] == k and key in r)
+
+    uncached, floor, cached = (median(32, key) for key in ("stock_uncached_ttft_s", "stock_cached_ttft_s",
+                                                           "pic_cached_ttft_s"))  # fmt: skip
+    floor_1, cached_1 = median(1, "stock_cached_ttft_s"), median(1, "pic_cached_ttft_s")
+    for figure in (f"takes {cached:.3f} s against stock's {uncached:.3f} s uncached: {uncached / cached:.0f}x",
+                   f"stock vLLM itself takes {floor:.3f} s", f"({floor_1:.3f} s at one document, "
+                   f"{floor / floor_1:.1f}x that at 32)", f"would need {uncached / 50:.3f} s",
+                   f"the ratio that server allows at all is {uncached / floor:.0f}x",
+                   f"takes {cached / floor:.2f}x that floor at 32 documents and {cached_1 / floor_1:.2f}x at one",
+                   f"grows {cached / cached_1:.1f}x from one document to 32"):  # fmt: skip
+        assert figure in doc, figure
+
+
+def test_load_sweep_figures_match_their_results() -> None:
+    """docs/benchmarks.md's reading of the load sweep at 7139fcd."""
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    sweep = _result("load-h200-7139fcd.json")
+    block = _result("load-h200-block-7139fcd.json")
+    goal = sweep["goal"]
+    at = {(r["server"], r["rate"]): r for r in sweep["rates"]}
+    blocks = {r["rate"]: r for r in block["rates"]}
+    stop = goal["stock_passes_slo_at_rate"]
+    stock, default, ours = at["stock-fa3", stop], at["pic-256", stop], blocks[stop]
+    sustained = block["sustained"]["pic-256"]
+    computed: dict[str, dict[float, float]] = {"block": {}, "stock-fa3": {}, "pic-256": {}}
+    for (server, rate), r in [*at.items(), *((("block", rate), r) for rate, r in blocks.items())]:
+        computed[server][rate] = r["computed_prompt_tokens_per_sample"]
+    for figure in (
+        f"passes 2 s at {stop:g} samples/s ({stock['ttft_p99_s']:.3f} s)",
+        f"the default layout's is {default['ttft_p99_s']:.3f} s ({goal['ttft_p99_ratio']:.2f}x",
+        f"Block-Attention's {ours['ttft_p99_s']:.3f} s ({stock['ttft_p99_s'] / ours['ttft_p99_s']:.2f}x lower)",
+        f"stock {goal['stock_sustained_rate']:g}, the default layout {goal['pic_sustained_rate']:g} "
+        f"({goal['sustained_rate_ratio']:.2f}x), Block-Attention {sustained:g} "
+        f"({sustained / goal['stock_sustained_rate']:.2f}x;",
+        f"computes {computed['pic-256'][10]:,.0f} prompt tokens per sample at 10 "
+        f"samples/s (span prefills included) against stock's {computed['stock-fa3'][10]:,.0f}",
+        f"falls to {computed['pic-256'][60]:,.0f} at 60",
+        f"Block-Attention {computed['block'][10]:,.0f} to {computed['block'][60]:,.0f}",
+        f"TTFT p50 is {blocks[10]['ttft_p50_s']:.3f} s against stock's {at['stock-fa3', 10]['ttft_p50_s']:.3f} s",
+        f"The {computed['pic-256'][10] - computed['block'][10]:.0f} more tokens",
+        f"TTFT p50 at 10 samples/s is {at['pic-256', 10]['ttft_p50_s']:.3f} s, "
+        f"{at['pic-256', 10]['ttft_p50_s'] - blocks[10]['ttft_p50_s']:.3f} s more than Block-Attention's",
+        f"p50 {at['pic-256', 10]['itl_p50_s'] * 1000:.1f} ms against {blocks[10]['itl_p50_s'] * 1000:.1f} ms",
+    ):  # fmt: skip
+        assert figure in doc, figure
