@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -205,23 +206,35 @@ def _check_rope_guards() -> None:
         check_rope_class(get_rope(64, 4096, rope_parameters=mrope), "l0")
 
 
+REFUSED_STARTS = {
+    "MiniPIC needs prefix caching": ["--no-enable-prefix-caching"],
+    "MiniPIC does not support a quantized KV cache (--kv-cache-dtype fp8)": ["--kv-cache-dtype", "fp8"],
+    "--attention-backend FLEX_ATTENTION cannot be used with MiniPIC": ["--attention-backend", "FLEX_ATTENTION"],
+    "ssep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary token, which text produces":
+        ["--ssep-token-id", "100", "--pdep-token-id", "6", "--pad-token-id", "7"],
+    "hsep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary token": ["--hsep-token-id", "100"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def refused_starts(tiny_model_dir: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Every refused `minipic serve` start at once: each imports vLLM and stops before any engine,
+    so together they take about what two take one after the other."""
+
+    def start(flags: list[str]) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "minipic_client.cli", "serve", str(tiny_model_dir), *flags, "--port", "0"]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(len(REFUSED_STARTS)) as pool:
+        return dict(zip(REFUSED_STARTS, pool.map(start, REFUSED_STARTS.values())))
+
+
 @pytest.mark.server
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--no-enable-prefix-caching"], "MiniPIC needs prefix caching"),
-        (["--kv-cache-dtype", "fp8"], "MiniPIC does not support a quantized KV cache (--kv-cache-dtype fp8)"),
-        (["--attention-backend", "FLEX_ATTENTION"], "--attention-backend FLEX_ATTENTION cannot be used with MiniPIC"),
-        (["--ssep-token-id", "100", "--pdep-token-id", "6", "--pad-token-id", "7"],
-         "ssep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary token, which text produces"),
-        (["--hsep-token-id", "100"], "hsep_token_id=100 cannot be a MiniPIC marker: '}' is an ordinary token"),
-    ],
-)
-def test_a_refused_start_ends_with_minipics_one_line(tiny_model_dir: Path, flags, message) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "minipic_client.cli", "serve", str(tiny_model_dir), *flags, "--port", "0"],
-        capture_output=True, text=True, timeout=300,
-    )
+@pytest.mark.parametrize("message", list(REFUSED_STARTS))
+def test_a_refused_start_ends_with_minipics_one_line(
+    refused_starts: dict[str, subprocess.CompletedProcess], message: str
+) -> None:
+    result = refused_starts[message]
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("minipic serve: error: ") and message in last

@@ -14,12 +14,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = ROOT / "tests" / "triton_kernel_cases.py"
+CASE_RUN = pytest.StashKey["CaseRun"]()
 
 CASE_NAMES = [
     "f32_neox_bs16_g1",
@@ -80,28 +82,44 @@ CASE_NAMES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def case_results() -> dict[str, dict]:
-    pytest.importorskip("triton")
+@dataclass
+class CaseRun:
+    """The case runner started in the background: its process and where it writes."""
+
+    process: subprocess.Popen
+    stdout: Path
+    stderr: Path
+
+
+def start_case_run(out_dir: Path) -> CaseRun:
+    """Start the interpreter's case run (a minute and a half on 2 cores). conftest.py starts it
+    as soon as this module's tests are collected, so it overlaps the tests before them."""
     env = dict(os.environ)
     env["TRITON_INTERPRET"] = "1"
     paths = [str(ROOT / "kernels"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    proc = subprocess.run(
-        [sys.executable, str(HELPER), *CASE_NAMES, "warm_up_coverage"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    stdout, stderr = out_dir / "triton-cases.out", out_dir / "triton-cases.err"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        process = subprocess.Popen([sys.executable, str(HELPER), *CASE_NAMES, "warm_up_coverage"],
+                                   cwd=ROOT, env=env, stdout=out, stderr=err)  # fmt: skip
+    return CaseRun(process, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def case_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    pytest.importorskip("triton")
+    run = request.config.stash.get(CASE_RUN, None) or start_case_run(tmp_path_factory.mktemp("triton"))
+    try:
+        returncode = run.process.wait(timeout=600)
+    finally:
+        run.process.kill()
     results = {}
-    for line in proc.stdout.splitlines():
+    for line in run.stdout.read_text().splitlines():
         if line.startswith("{"):
             row = json.loads(line)
             results[row["name"]] = row
     if not results:
-        pytest.fail(f"case runner failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+        pytest.fail(f"case runner failed (rc={returncode}):\n{run.stderr.read_text()[-4000:]}")
     return results
 
 
