@@ -88,6 +88,9 @@ register("lead2_text_refreshed_heads", "the first two passages continuing the pr
          "refreshed heads", technique=lambda ctx: minipic_client.LeadInContext(lead=2, as_text=True))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
+register_sdk("prefix_sink", "PrefixSink",
+             "Block-Attention whose spans open with a hidden copy of the prefix's last block-1 tokens: each passage "
+             "computed as if it came first")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from minipic_client import (
     HiddenSink,
     InvalidDocumentError,
     LeadInContext,
+    PrefixSink,
     PromptError,
     RefreshedHeads,
     Span,
@@ -208,6 +209,23 @@ def test_hidden_sink_spans_open_with_hsep(builder, ids):
     assert layout.cacheable_tokens == positions(tokens, ids["pdep"])[0]
 
 
+def test_prefix_sink_spans_open_with_a_hidden_copy_of_the_prefix_tail(builder, ids, sdk_tokenizer):
+    system = DOC_B * 2
+    prefix = list(sdk_tokenizer.encode(system, add_special_tokens=False))
+    layout = builder.build([Text(system), *PrefixSink().documents([LONG, "short"]), Dependent("q")])
+    tokens = layout.token_ids
+    spans = positions(tokens, ids["hsep"])
+    assert len(spans) == 2 and ids["ssep"] not in tokens and all(s % B == 0 for s in spans)
+    for start, doc in zip(spans, (LONG, "short")):
+        # [HSep, the prefix's last B-1 tokens][the whole document, padded]: even a one-block document
+        assert tokens[start + 1 : start + B] == prefix[-(B - 1) :]
+        doc_ids = list(sdk_tokenizer.encode(doc, add_special_tokens=False))
+        assert tokens[start + B : start + B + len(doc_ids)] == doc_ids
+    # Every span is reused whole, as Block-Attention's: only the question is computed.
+    assert [p.kind for p in layout.prefills] == ["prefix", "span", "span"]
+    assert layout.cacheable_tokens == positions(tokens, ids["pdep"])[0]
+
+
 def test_a_refreshed_document_that_fits_the_head_is_all_dependent(builder, ids):
     layout = builder.build([Span("short", head="refreshed"), Dependent("q")])
     assert ids["hsep"] not in layout.token_ids and ids["ssep"] not in layout.token_ids
@@ -223,7 +241,7 @@ def test_hidden_heads_need_a_server_that_publishes_hsep(client_tokenizer, ids):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"head": "secret"}, "head is 'shown', 'hidden', 'refreshed' or 'joined'"),
+    ({"head": "secret"}, "head is 'shown', 'hidden', 'refreshed', 'joined' or 'prefix-sink'"),
     ({"head": "hidden", "recompute_blocks": 1}, "do not combine"),
 ])
 def test_bad_span_heads_are_refused(kwargs, match):

@@ -30,6 +30,11 @@ or entirely dependent (``refreshed``, as EPIC). ``head="joined"`` is ``refreshed
 head, when the span directly follows the prompt's prefix, continues the prefix segment
 instead of opening a ``[PDep head]`` of its own (the prefix's padding moves before its
 last template text), so nothing stands between the prefix and the document.
+``head="prefix-sink"``: the span's hidden first block holds the last ``block_size - 1``
+tokens of the prompt's prefix (a chat template's end of the system turn and start of the
+user turn) instead of the document's own first tokens, ``[HSep prefix-tail][document pad..]``:
+each document is computed as if it opened the user turn, and what follows sees all of it
+but none of the copies of the prefix's tail.
 
 A technique turns a call's documents into parts (`documents`): one span each, or
 (`LeadInContext`) the first ones as dependent segments and the rest as another technique
@@ -60,7 +65,7 @@ class Text:
     template: bool = False
 
 
-Head = Literal["shown", "hidden", "refreshed", "joined"]
+Head = Literal["shown", "hidden", "refreshed", "joined", "prefix-sink"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +76,13 @@ class Span:
     text: str
     recompute_blocks: int = 0
     head: Head = "shown"
+    sink: tuple[int, ...] = ()  # the hidden first block's tokens instead of the text's own (see the module)
 
     def __post_init__(self) -> None:
-        if self.head not in ("shown", "hidden", "refreshed", "joined"):
-            raise PromptError(f"Span(head={self.head!r}): head is 'shown', 'hidden', 'refreshed' or 'joined'")
+        if self.head not in ("shown", "hidden", "refreshed", "joined", "prefix-sink"):
+            raise PromptError(
+                f"Span(head={self.head!r}): head is 'shown', 'hidden', 'refreshed', 'joined' or 'prefix-sink'"
+            )
         if self.recompute_blocks and self.head != "shown":
             raise PromptError(
                 f"Span(recompute_blocks={self.recompute_blocks}, head={self.head!r}): EPIC's split heads "
@@ -154,7 +162,16 @@ class RefreshedHeads(_SpanEach):
         return spans
 
 
-SpanTechnique = BlockAttention | Epic | HiddenSink | RefreshedHeads
+@dataclass(frozen=True, slots=True)
+class PrefixSink(_SpanEach):
+    """Block-Attention whose spans each open with a hidden copy of the end of the prompt's
+    prefix: every document computed as if it came first, nothing recomputed per prompt."""
+
+    def span(self, text: str) -> Span:
+        return Span(text, head="prefix-sink")
+
+
+SpanTechnique = BlockAttention | Epic | HiddenSink | RefreshedHeads | PrefixSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +203,7 @@ Technique = SpanTechnique | LeadInContext
 TECHNIQUES: dict[str, Technique] = {
     "block": BlockAttention(),
     "hidden-sink": HiddenSink(),
+    "prefix-sink": PrefixSink(),
     "epic1": Epic(1),
     "epic2": Epic(2),
     "refreshed-heads": RefreshedHeads(),
@@ -272,7 +290,7 @@ class PromptBuilder:
         text (BOS), like vLLM does for text prompts; chat templates include it."""
         if not pic:
             return self._plain(parts, add_special_tokens)
-        groups = _segments(parts)
+        groups = self._with_prefix_sinks(_segments(parts), add_special_tokens)
         ids: list[int] = []
         prefills: list[Prefill] = []
         prefilled: list[tuple[int, int]] = []  # where each prefilled piece sits
@@ -292,6 +310,19 @@ class PromptBuilder:
         limit = max(len(ids) - 1, 0) // self._block * self._block
         cacheable = sum(max(0, min(end, limit) - start) for start, end in prefilled)
         return PromptLayout(ids, tuple(prefills), cacheable)
+
+    def _with_prefix_sinks(
+        self, groups: list[tuple[_Opener, tuple[Text, ...]]], leading: bool
+    ) -> list[tuple[_Opener, tuple[Text, ...]]]:
+        """Each ``head="prefix-sink"`` span as a hidden-head span whose sink is the prefix's tail."""
+        if not any(isinstance(o, Span) and o.head == "prefix-sink" for o, _ in groups):
+            return groups
+        prefix = (self._tokens.leading_ids if leading else ()) + self._text_ids(groups[0][1])
+        tail = tuple(prefix[-(self._block - 1) :])
+        return [
+            (Span(o.text, head="hidden", sink=tail) if isinstance(o, Span) and o.head == "prefix-sink" else o, texts)
+            for o, texts in groups
+        ]
 
     def _joined_body(self, groups: list[tuple[_Opener, tuple[Text, ...]]]) -> TokenIds | None:
         """The tokens of a ``head="joined"`` span right after the prefix whose head can join it:
@@ -357,6 +388,9 @@ class PromptBuilder:
                 "no hsep_token_id (an older MiniPIC server, or a tokenizer without a fourth unused special token)"
             )
         head_len = self._block - 1
+        if opener.sink:  # [HSep sink pad..][document pad..]
+            sink = opener.sink + (self._pad_id,) * (head_len - len(opener.sink))
+            return (self._span_piece(self._hsep, sink + body),)
         if len(body) <= head_len:  # the document fits in the head block
             if opener.head in ("refreshed", "joined"):
                 return (self._head_piece(body, head_len),)
