@@ -32,6 +32,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-joined.json": 2,  # single facts: full, the first head joined to the prefix
     "accuracy-families-smollm2-cpu-lead-text.json": 2,  # single facts: full, the first passage as prefix text
     "accuracy-families-smollm2-cpu-front-pad.json": 3,  # single facts: full, two layouts with the pads first
+    "accuracy-families-smollm2-cpu-prefix-sink.json": 4,  # single facts: full, refreshed heads, prefix sink, block
 }
 
 
@@ -486,3 +487,25 @@ def test_load_sweep_figures_match_their_results() -> None:
         f"p50 {at['pic-256', 10]['itl_p50_s'] * 1000:.1f} ms against {blocks[10]['itl_p50_s'] * 1000:.1f} ms",
     ):  # fmt: skip
         assert figure in doc, figure
+
+
+def test_the_prefix_sink_run_by_place_and_pairings_match_its_results() -> None:
+    """docs/accuracy.md and docs/client.md on `prefix_sink` (CPU): by place, and against block and refreshed heads."""
+    name = "accuracy-families-smollm2-cpu-prefix-sink.json"
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for place, row in _by_place(name, ["full", "refreshed_heads", "prefix_sink", "block"]).items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    family = _result(name)["families"]["single"]
+    text = " ".join(doc.split())
+    questions = family["questions"]
+    for other, sentence in (("block", "turns {} answers right and {} wrong (exact McNemar p{})"),
+                            ("refreshed_heads", "({} right only with the sink, {} only with refreshed heads, p{})")):
+        verdicts = [(q["answers"]["prefix_sink"]["correct"], q["answers"][other]["correct"]) for q in questions]
+        gained, lost = sum(a > b for a, b in verdicts), sum(a < b for a, b in verdicts)
+        p = mcnemar_exact(gained, lost)
+        assert sentence.format(gained, lost, "<0.001" if p < 0.001 else f"={p:.3f}") in text
+    accuracy = {layout: 100 * row["accuracy"] for layout, row in family["summary"].items()}
+    client = " ".join((ROOT / "docs/client.md").read_text().split())
+    assert (f"answers {accuracy['prefix_sink'] - accuracy['block']:.0f} points more single-fact questions than "
+            f"Block-Attention and {accuracy['refreshed_heads'] - accuracy['prefix_sink']:.0f} fewer than refreshed "
+            "heads") in client

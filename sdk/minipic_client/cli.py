@@ -107,8 +107,8 @@ _CACHE_SALT = typer.Option(
     None, "--cache-salt", help="Salt of every request: cached blocks are shared only between equal salts."
 )
 _LAYOUT = typer.Option(
-    None, "--layout", help="Document layout, fastest first: block, hidden-sink, prefix-sink, epic1, epic2, refreshed-heads, "
-    "lead-refreshed-heads, lead-text-refreshed-heads, lead2-text-refreshed-heads "
+    None, "--layout", help="Document layout, fastest first: block, hidden-sink, prefix-sink, epic1, epic2, "
+    "refreshed-heads, lead-refreshed-heads, lead-text-refreshed-heads, lead2-text-refreshed-heads "
     "(default: refreshed-heads where the server has hidden heads; docs/accuracy.md says what each costs)",
 )
 
