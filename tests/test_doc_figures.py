@@ -33,6 +33,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-lead-text.json": 2,  # single facts: full, the first passage as prefix text
     "accuracy-families-smollm2-cpu-front-pad.json": 3,  # single facts: full, two layouts with the pads first
     "accuracy-families-smollm2-cpu-prefix-sink.json": 4,  # single facts: full, refreshed heads, prefix sink, block
+    "accuracy-families-smollm2-cpu-prefix-sink-synthetic.json": 4,  # the same layouts, synthetic facts
 }
 
 
@@ -509,3 +510,16 @@ def test_the_prefix_sink_run_by_place_and_pairings_match_its_results() -> None:
     assert (f"answers {accuracy['prefix_sink'] - accuracy['block']:.0f} points more single-fact questions than "
             f"Block-Attention and {accuracy['refreshed_heads'] - accuracy['prefix_sink']:.0f} fewer than refreshed "
             "heads") in client
+
+
+def test_the_prefix_sink_synthetic_run_matches_its_results() -> None:
+    """docs/accuracy.md on `prefix_sink` over synthetic facts: Block-Attention's loss won back, and pairing."""
+    family = _result("accuracy-families-smollm2-cpu-prefix-sink-synthetic.json")["families"]["synthetic"]
+    accuracy = {layout: row["accuracy"] for layout, row in family["summary"].items()}
+    loss = accuracy["full"] - accuracy["block"]
+    verdicts = [(q["answers"]["prefix_sink"]["correct"], q["answers"]["block"]["correct"]) for q in family["questions"]]
+    text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    won = {layout: 100 * (accuracy[layout] - accuracy["block"]) / loss for layout in ("prefix_sink", "refreshed_heads")}
+    assert (f"wins back {won['prefix_sink']:.0f}% of Block-Attention's loss ({sum(a > b for a, b in verdicts)} "
+            f"answers right only with it, {sum(a < b for a, b in verdicts)} only with `block`), refreshed heads "
+            f"{won['refreshed_heads']:.0f}%") in text
