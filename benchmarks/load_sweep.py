@@ -217,7 +217,7 @@ async def measure_rate(
 ) -> dict:
     count = args.samples_per_rate or max(1, round(rate * args.seconds))
     requests = rate_samples(pool, count)
-    strategy = Strategy.ISPS if server.pic else Strategy.BASELINE
+    strategy = Strategy(args.strategy) if server.pic else Strategy.BASELINE
     events: list[RequestEvent] = []
     await reset_cache(url)
     async with connect(url, server, args, events) as client:
@@ -345,6 +345,8 @@ def main() -> None:
     parser.add_argument("--stop-after-miss", type=int, default=0,
                         help="stop a stock server's sweep after this many rates past the SLO (0: never)")  # fmt: skip
     parser.add_argument("--layout", choices=list(TECHNIQUES), help="the minipic servers' layout (default: the SDK's)")
+    parser.add_argument("--strategy", choices=[Strategy.ISPS.value, Strategy.INLINE.value], default=Strategy.ISPS.value,
+                        help="the minipic servers' span scheduling")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline", type=float, default=float(os.environ.get("DEADLINE", "inf")),
                         help="epoch seconds by which the run must end (default: $DEADLINE, else none)")  # fmt: skip

@@ -102,6 +102,7 @@ ROWS = {
     "stock-triton": [("stock TRITON_ATTN", Strategy.BASELINE)],
     "pic-256": [  # the headline row first: a run cut short by its deadline still has it
         ("minipic ISPS, max-num-seqs 256", Strategy.ISPS),
+        ("minipic ISPS inline spans, max-num-seqs 256", Strategy.INLINE),
         ("minipic plain prompts", Strategy.BASELINE),
         ("minipic batched", Strategy.BATCHED),
     ],

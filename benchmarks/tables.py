@@ -164,7 +164,8 @@ def load(data: dict) -> Iterator[str]:
     yield (_row(*["---"] * 9))
     for r in data["rates"]:
         censored = "+" if r.get("ttft_censored") else ""
-        yield (_row(f"{r['server']} ({r['layout']})", f"{r['rate']:g}", f"{r['ttft_p50_s']:.3f}",
+        scheduling = ", inline spans" if r.get("strategy") == "inline" else ""
+        yield (_row(f"{r['server']} ({r['layout']}{scheduling})", f"{r['rate']:g}", f"{r['ttft_p50_s']:.3f}",
                     f"{r['ttft_p99_s']:.3f}{censored}", f"{r['itl_p50_s'] * 1000:.1f}", f"{r['e2e_p99_s']:.2f}",
                     f"{r['throughput_per_s']:.1f}", f"{r['goodput_per_s']:.1f}",
                     f"{r['computed_prompt_tokens_per_sample']:,.0f}"))  # fmt: skip

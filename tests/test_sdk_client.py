@@ -21,6 +21,7 @@ from minipic_client import (
     RagRequest,
     RagResult,
     RefreshedHeads,
+    RequestError,
     RequestEvent,
     ServerInfo,
     Span,
@@ -136,6 +137,29 @@ async def test_isps_sends_a_final_only_after_its_own_spans_without_a_barrier(
     last_span_done = max(r.completed for r in fake_server.of_kind("span"))
     assert min(f.received for f in finals) < last_span_done
     assert all(isinstance(r, RagResult) and r.cached_tokens for r in results)
+
+
+async def test_inline_final_that_fails_hands_its_spans_to_the_sample_waiting_for_them(
+    fake_server, fake_client
+):
+    """Fault injection: the first final claimed the shared spans and fails before its first
+    token; the sample that waited for it computes them in its own final, and a later sample
+    finds them cached."""
+    fake_server.delay_s = 0.01
+    fake_server.faults.append("400")
+    async with fake_client() as client:
+        first, second = await asyncio.gather(
+            *(client.rag(system=SYSTEM, docs=DOCS[:2], task=t, max_tokens=1, strategy=Strategy.INLINE)
+              for t in ("qa", "qb")),
+            return_exceptions=True,
+        )
+        third = await client.rag(system=SYSTEM, docs=DOCS[1::-1], task="qc", max_tokens=1, strategy=Strategy.INLINE)
+        cacheable = client.rag_layout(RagRequest("qc", DOCS[1::-1], SYSTEM)).cacheable_tokens
+    assert isinstance(first, RequestError) and "injected 400" in str(first)
+    assert isinstance(second, RagResult) and second.computed_tokens == second.prompt_tokens
+    assert third.cached_tokens == cacheable and third.computed_tokens == third.prompt_tokens - cacheable
+    assert {r.kind for r in fake_server.requests} == {"final"}
+    assert fake_server.peak_in_flight == 1  # the second final went out only once the first had failed
 
 
 async def test_batched_prefills_a_whole_batch_before_its_finals(

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from minipic_client import BlockAttention, RagRequest, RagResult, RequestEvent, SpanClient, SpanRAG
+from minipic_client import BlockAttention, RagRequest, RagResult, RequestEvent, SpanClient, SpanRAG, Strategy
 from minipic_server.markers import PDEP_TOKEN, SSEP_TOKEN
 
 from batch_signals import batch_command, batch_signalling_itself
@@ -169,6 +169,36 @@ async def test_isps_sends_each_final_only_after_its_spans_are_cached(pic_server)
         own = [done for done, part in prefills if contains_at_block(prompt, part, block_size)]
         assert len(own) == 4  # the prefix and this sample's three documents
         assert max(own) <= sent
+
+
+async def test_inline_computes_each_cold_span_once_inside_the_finals_and_answers_as_isps(pic_server):
+    """INLINE sends no prefill request: each cold span is computed in the first final that
+    needs it (the others wait for that final), so the run computes exactly the tokens ISPS
+    computes over the same cold spans, and every answer is ISPS's."""
+    docs = fresh_docs(6)
+
+    def requests(salt: str) -> list[RagRequest]:
+        return [
+            RagRequest(f"Question {i}?", [docs[i % 6], docs[(i + 1) % 6], docs[(i + 3) % 6]], SYSTEM,
+                       max_tokens=4, cache_salt=salt)
+            for i in range(12)
+        ]
+
+    async def run(strategy: Strategy, salt: str, transport: httpx.AsyncBaseTransport | None = None):
+        async with SpanClient(pic_server.url, transport=transport, max_in_flight=4) as client:
+            before = client.computed_tokens
+            outcomes = dict([o async for o in client.rag_many(requests(salt), strategy=strategy)])
+            return [outcomes[i] for i in range(12)], client.computed_tokens - before
+
+    transport = RecordingTransport()
+    inline, inline_computed = await run(Strategy.INLINE, "inline", transport)
+    isps, isps_computed = await run(Strategy.ISPS, "isps")
+    warm, warm_computed = await run(Strategy.INLINE, "isps")  # every span now cached
+    assert all(isinstance(r, RagResult) for r in inline + isps + warm)
+    assert all(body.get("stream") for _, _, body in transport.log) and len(transport.log) == 12
+    assert inline_computed == isps_computed
+    assert warm_computed == sum(r.prompt_tokens - r.cached_tokens for r in warm) < isps_computed / 2
+    assert [r.token_ids for r in inline] == [r.token_ids for r in isps] == [r.token_ids for r in warm]
 
 
 @dataclass

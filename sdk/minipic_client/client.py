@@ -118,12 +118,15 @@ class _Job:
     temperature: float
     cache_salt: str | None
     prefills: tuple[Prefill, ...]
+    inline: bool  # `Strategy.INLINE`: the spans no one sent go in the final prompt
 
     @classmethod
-    def of(cls, layout: PromptLayout, max_tokens: int, temperature: float, cache_salt: str | None) -> _Job:
+    def of(
+        cls, layout: PromptLayout, max_tokens: int, temperature: float, cache_salt: str | None, strategy: Strategy
+    ) -> _Job:
         """A job whose prefills carry its salt: salted blocks are cached apart, so they are sent apart."""
         prefills = layout.prefills if cache_salt is None else tuple(p.salted(cache_salt) for p in layout.prefills)
-        return cls(layout, max_tokens, temperature, cache_salt, prefills)
+        return cls(layout, max_tokens, temperature, cache_salt, prefills, strategy.inline)
 
 
 class _Completion:
@@ -458,7 +461,7 @@ class SpanClient:
         """Complete a prompt built from `Text`, `Span` and `Dependent` parts."""
         started = time.perf_counter()
         layout = self.layout(parts, strategy=strategy, add_special_tokens=add_special_tokens)
-        job = _Job.of(layout, max_tokens, temperature, self._salt(cache_salt))
+        job = _Job.of(layout, max_tokens, temperature, self._salt(cache_salt), strategy)
         return await self._complete(job, started)
 
     async def rag(
@@ -478,7 +481,8 @@ class SpanClient:
         """Answer `task` over `docs`, each document a span reused across calls.
 
         A single call prefills its own spans and then sends its final prompt, so
-        ISPS and BATCHED coincide here; BASELINE sends the plain prompt.
+        ISPS and BATCHED coincide here; INLINE sends the spans no one has sent inside
+        the final prompt; BASELINE sends the plain prompt.
         """
         started = time.perf_counter()
         request = RagRequest(
@@ -568,7 +572,7 @@ class SpanClient:
 
     def _job(self, request: RagRequest, strategy: Strategy) -> _Job:
         layout = self.rag_layout(request, strategy=strategy)
-        return _Job.of(layout, request.max_tokens, request.temperature, self._salt(request.cache_salt))
+        return _Job.of(layout, request.max_tokens, request.temperature, self._salt(request.cache_salt), strategy)
 
     def _job_or_error(self, request: RagRequest, strategy: Strategy) -> _Job | MiniPICError:
         try:
@@ -594,8 +598,9 @@ class SpanClient:
         return completion.result(started, job.layout)
 
     async def _answer(self, job: _Job, completion: _Completion) -> AsyncGenerator[str, None]:
-        """The one request path of every call: the job's prefills, then its final
-        prompt streamed into `completion`, yielding text deltas, where placement
+        """The one request path of every call: the job's prefills (``inline``: a claim on
+        those no one has sent, which its final computes), then its final prompt streamed
+        into `completion`, yielding text deltas, where placement
         routes them; a cached shortfall makes the client check whether that replica
         restarted. A replica that fails sits out and, until the first delta, the job
         is routed again among the others."""
@@ -606,8 +611,13 @@ class SpanClient:
         while True:
             route = await self._route(job, deadline)
             replica = route.prefill
+            claim = None
             try:
-                completion.prefill_computed = await replica.scheduler.prefill(job.prefills, headers)
+                if job.inline and route.prefill is route.final:
+                    claim, others = replica.scheduler.claim(job.prefills)
+                    await others
+                else:
+                    completion.prefill_computed = await replica.scheduler.prefill(job.prefills, headers)
                 replica = route.final
                 events = replica.scheduler.stream(
                     job.layout.token_ids,
@@ -618,7 +628,10 @@ class SpanClient:
                 )
                 async with aclosing(events):
                     async for event in events:
-                        yield completion.add(event)
+                        delta = completion.add(event)
+                        if claim is not None and completion.first_token_at is not None:
+                            claim.settle(True)  # a token came: the whole prompt is prefilled and cached
+                        yield delta
                 break
             except (ServerError, TransportError) as exc:
                 if len(self._replicas) == 1:
@@ -628,8 +641,12 @@ class SpanClient:
                     if isinstance(exc, StreamInterruptedError):
                         raise
                     raise StreamInterruptedError(f"{replica.name} failed mid-answer: {exc}") from exc
+            finally:
+                if claim is not None:  # no event came: nothing was stored for the others
+                    claim.settle(False)
         cached = completion.usage.cached_tokens if completion.usage else None
-        if cached is not None and cached < job.layout.cacheable_tokens:
+        computed_here = claim.tokens if claim is not None else 0
+        if cached is not None and cached < job.layout.cacheable_tokens - computed_here:
             # Evicted (or lost to a restart): the next sample that needs them prefills them again.
             route.final.scheduler.forget(job.prefills)
             await self._check_restart(route.final)

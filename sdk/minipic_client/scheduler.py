@@ -1,11 +1,13 @@
-"""When requests go out: one in-flight limit, shared span prefills, three policies.
+"""When requests go out: one in-flight limit, shared span prefills, four policies.
 
 Every prompt the server runs (a prefill or a final) holds one of `max_in_flight`
 slots, so the server's running batch is kept full (at its ``max_num_seqs``) without
 queueing work there. A span prefill is sent once: concurrent and later users of the
 same span await the same task. The prefills a caller needs are sent together, as one
 completions request with a list of prompts (up to `MAX_PROMPTS_PER_REQUEST`): the
-server does the same work with a fraction of the HTTP round trips.
+server does the same work with a fraction of the HTTP round trips. Under ``inline``
+the spans no one has sent travel in the caller's own final prompt instead (`Claim`):
+one request, one contiguous prefill, and the same cached blocks.
 """
 
 from __future__ import annotations
@@ -33,11 +35,16 @@ class Strategy(str, enum.Enum):
 
     - ``isps``: each sample awaits its own span prefills, then sends its final
       prompt; no global barrier (the default).
+    - ``inline``: ISPS whose final prompt carries the sample's spans that no one has
+      sent: they are computed (and cached) in the final, so a sample over cold spans is
+      one request and one prefill. Spans another sample is sending are awaited, as in
+      ISPS, so no span is computed twice at once.
     - ``batched``: the span prefills of a whole batch, a barrier, then its finals.
     - ``baseline``: plain prompts without markers (PIC off), for comparisons.
     """
 
     ISPS = "isps"
+    INLINE = "inline"
     BATCHED = "batched"
     BASELINE = "baseline"
 
@@ -48,6 +55,10 @@ class Strategy(str, enum.Enum):
     @property
     def barrier(self) -> bool:
         return self is Strategy.BATCHED
+
+    @property
+    def inline(self) -> bool:
+        return self is Strategy.INLINE
 
 
 RequestKind = Literal["prefix", "span", "final"]
@@ -78,6 +89,30 @@ J = TypeVar("J", bound=_HasPrefills)
 R = TypeVar("R")
 
 
+class Claim:
+    """Prefills a final prompt computes itself (``inline``): registered as under way, so
+    other callers await them, until `settle` says whether the final stored them.
+
+    The final's first stream event means its whole prompt was prefilled, so its blocks are
+    cached: ``settle(True)`` then. A final that failed or was cancelled first settles
+    False: the prefills count as never sent, and the callers that waited send them again.
+    """
+
+    def __init__(self, sizes: dict[bytes, int]) -> None:
+        self.sizes = sizes
+        self.stored: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens of the claimed prefills (computed in the final, not cached there)."""
+        return sum(self.sizes.values())
+
+    def settle(self, stored: bool) -> None:
+        """Once; later calls change nothing."""
+        if not self.stored.done():
+            self.stored.set_result(stored)
+
+
 class Scheduler:
     """Sends one replica's prefill and final requests: slots, prefill dedup, and what
     that replica holds (for placement)."""
@@ -104,7 +139,8 @@ class Scheduler:
         self.name = name
         # Digests and sizes only: remembering every span ever prefilled stays small.
         self._done: dict[bytes, int] = {}
-        self._pending: dict[bytes, asyncio.Task[int | None]] = {}
+        # Under way: a prefill request, or a final that computes the prefill itself (`Claim`).
+        self._pending: dict[bytes, asyncio.Future[Any]] = {}
         self._done_tokens = 0
         self._pending_tokens = 0
         self._busy = 0
@@ -164,6 +200,17 @@ class Scheduler:
         before it routes the next job); await the result to wait for them."""
         return self._start(prefills, headers)[1]
 
+    def claim(self, prefills: Iterable[Prefill]) -> tuple[Claim, asyncio.Future[Any]]:
+        """``inline``: the prefills no one has sent or is sending become the caller's, to be
+        computed in its final prompt; returns that `Claim` and a future of the others under
+        way, to await before the final goes out."""
+        todo = {p.key: p for p in prefills if p.key not in self._done}
+        claim = Claim({key: len(p.token_ids) for key, p in todo.items() if key not in self._pending})
+        waits = {id(f): f for f in (self._pending.get(key) for key in todo) if f is not None}
+        self._hold(claim.sizes, claim.stored)
+        claim.stored.add_done_callback(lambda stored: self._release(claim.sizes, stored.result()))
+        return claim, asyncio.gather(*map(asyncio.shield, waits.values()), return_exceptions=True)
+
     def _start(
         self, prefills: Iterable[Prefill], headers: dict[str, str] | None
     ) -> tuple[list[asyncio.Task[int | None]], asyncio.Future[Any]]:
@@ -184,8 +231,7 @@ class Scheduler:
                 task = asyncio.create_task(self._send_prefills(chunk, headers))
                 sent.append(task)
                 sizes = {p.key: len(p.token_ids) for p in chunk}
-                self._pending.update(dict.fromkeys(sizes, task))
-                self._pending_tokens += sum(sizes.values())
+                self._hold(sizes, task)
                 task.add_done_callback(partial(self._settle, sizes))
         tasks = {id(t): t for t in (self._pending.get(key) for key in todo) if t is not None}
         # Shielded: a caller that is cancelled must not cancel the others' prefills.
@@ -227,12 +273,18 @@ class Scheduler:
                 self._busy -= 1
         self._emit("final", len(token_ids), cached, start)
 
+    def _hold(self, sizes: dict[bytes, int], under_way: asyncio.Future[Any]) -> None:
+        self._pending.update(dict.fromkeys(sizes, under_way))
+        self._pending_tokens += sum(sizes.values())
+
     def _settle(self, sizes: dict[bytes, int], task: asyncio.Task[int | None]) -> None:
-        succeeded = not task.cancelled() and task.exception() is None
+        self._release(sizes, not task.cancelled() and task.exception() is None)
+
+    def _release(self, sizes: dict[bytes, int], stored: bool) -> None:
         for key, size in sizes.items():
             del self._pending[key]
             self._pending_tokens -= size
-            if succeeded:
+            if stored:
                 self.record(key, size)
 
     async def _send_prefills(self, prefills: list[Prefill], headers: dict[str, str] | None) -> int | None:
