@@ -250,6 +250,9 @@ FIGURES = (
     ("replicas-h200-7139fcd.json", "scale-out-replicas-7139fcd.png", replicas),
     ("load-h200-7139fcd.json", "load-ttft.png", load_sweep),
     ("load-h200-block-7139fcd.json", "load-ttft-block.png", load_sweep),
+    ("load-h200-warm-a4f782a.json", "load-ttft-warm.png", load_sweep),
+    ("load-h200-inline-cdf8ae0.json", "load-ttft-inline.png", load_sweep),
+    ("served-h200-inline-cdf8ae0.json", "served-table1-inline.png", served_table1),
 )
 
 

@@ -115,6 +115,7 @@ def test_benchmark_tables_are_printed_from_their_results() -> None:
 
 
 ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
+INLINE = "minipic ISPS inline spans, max-num-seqs 256"
 LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
 
 
@@ -488,6 +489,47 @@ def test_load_sweep_figures_match_their_results() -> None:
         f"p50 {at['pic-256', 10]['itl_p50_s'] * 1000:.1f} ms against {blocks[10]['itl_p50_s'] * 1000:.1f} ms",
     ):  # fmt: skip
         assert figure in doc, figure
+
+
+def test_warm_and_inline_load_figures_match_their_results() -> None:
+    """docs/benchmarks.md's reading of the warm-span sweep (a4f782a), the inline-span sweep and
+    Table 1 with both strategies (cdf8ae0), against the ISPS sweep at 7139fcd."""
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    warm, inline, isps = (_result(f"load-h200-{n}.json") for n in ("warm-a4f782a", "inline-cdf8ae0", "7139fcd"))
+    goal = warm["goal"]
+    hot = {(r["server"], r["rate"]): r for r in warm["rates"]}
+    cold = {(r["server"], r["rate"]): r for r in inline["rates"]}
+    before = {(r["server"], r["rate"]): r for r in isps["rates"]}
+    low = [hot["pic-256", rate]["ttft_p50_s"] for rate in (20, 30, 40, 50, 60)]
+    speedups = [before["pic-256", rate]["ttft_p50_s"] / cold["pic-256", rate]["ttft_p50_s"] for rate in (10, 20, 30)]
+    stop = inline["goal"]["stock_passes_slo_at_rate"]
+    table1 = {
+        strategy: _table1_medians("served-h200-inline-cdf8ae0.json", name)[1]["samples_per_s"]
+        for strategy, name in (("stock", STOCK_FA3), ("isps", ISPS), ("inline", INLINE))
+    }
+    for figure in (
+        f"passes 2 s at {goal['stock_passes_slo_at_rate']:g} samples/s ({goal['stock_ttft_p99_s']:.3f} s); there "
+        f"MiniPIC's is {goal['pic_ttft_p99_s']:.3f} s, **{goal['ttft_p99_ratio']:.2f}x lower**",
+        f"stock {goal['stock_sustained_rate']:g}, MiniPIC {goal['pic_sustained_rate']:g}, "
+        f"**{goal['sustained_rate_ratio']:.2f}x**",
+        f"computes {hot['pic-256', 40]['computed_prompt_tokens_per_sample']:,.0f} prompt tokens",
+        f"p50 is {min(low):.3f}-{max(low):.3f} s against stock's "
+        f"{hot['stock-fa3', 20]['ttft_p50_s']:.3f} s",
+        f"by {min(speedups):.1f}-{max(speedups):.1f}x",
+        f"({cold['pic-256', 10]['ttft_p50_s']:.3f} s against {before['pic-256', 10]['ttft_p50_s']:.3f} s at",
+        f"{cold['pic-256', 20]['ttft_p50_s']:.3f} against {before['pic-256', 20]['ttft_p50_s']:.3f} at 20, "
+        f"{cold['pic-256', 30]['ttft_p50_s']:.3f} against {before['pic-256', 30]['ttft_p50_s']:.3f} at 30",
+        f"from {before['pic-256', 30]['ttft_p99_s']:.3f} s to {cold['pic-256', 30]['ttft_p99_s']:.3f} s",
+        f"stays {inline['goal']['pic_sustained_rate']:g} (stock {inline['goal']['stock_sustained_rate']:g}",
+        f"({cold['pic-256', stop]['ttft_p99_s']:.3f} s against "
+        f"{before['pic-256', stop]['ttft_p99_s']:.3f} s at {stop:g})",
+        f"({table1['inline'] / table1['stock']:.2f}x against ISPS's {table1['isps'] / table1['stock']:.2f}x",
+    ):  # fmt: skip
+        assert figure in doc, figure
+    assert all(cold["pic-256", r]["computed_prompt_tokens_per_sample"]
+               == before["pic-256", r]["computed_prompt_tokens_per_sample"] for r in (10, 20, 30))
+    assert all(abs(cold["stock-fa3", r]["ttft_p50_s"] - before["stock-fa3", r]["ttft_p50_s"]) < 0.01
+               for r in (10, 20, 30))
 
 
 def test_the_prefix_sink_run_by_place_and_pairings_match_its_results() -> None:
