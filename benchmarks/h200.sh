@@ -19,9 +19,15 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         >>"$OUT/install.log" 2>&1
     export PATH="/tmp/minipic-tools/bin:$PATH" PYTHONPATH="${PYTHONPATH:-}:/tmp/minipic-tools"
 fi
-MODEL=/tmp/llama-3.1-8b
+# SHAPE names the architecture (dummy weights): .devdata's Llama-3.1-8B by default, or a shape
+# of benchmarks/shapes (qwen2-7b: Qwen2-7B's config, qkv bias, 28/4 heads, theta 1e6, read with
+# the Llama 3 tokenizer, whose ids fit its larger vocabulary).
+SHAPE=${SHAPE:-llama-3.1-8b}
+MODEL=/tmp/$SHAPE
 mkdir -p "$MODEL"
-cp .devdata/llama-3.1-8b-config.json "$MODEL/config.json"
+config=benchmarks/shapes/$SHAPE-config.json
+[ -f "$config" ] || config=.devdata/$SHAPE-config.json
+cp "$config" "$MODEL/config.json"
 cp .devdata/tokenizer_config.json "$MODEL/"
 [ -f "$MODEL/tokenizer.json" ] || xz -dc .devdata/tokenizer.json.xz >"$MODEL/tokenizer.json"
 [ -f /tmp/2wiki_passages.json ] || xz -dc .devdata/2wiki_passages.json.xz >/tmp/2wiki_passages.json
