@@ -532,6 +532,24 @@ def test_warm_and_inline_load_figures_match_their_results() -> None:
                for r in (10, 20, 30))
 
 
+def test_the_qwen2_shape_figures_match_their_results() -> None:
+    """docs/benchmarks.md on the Qwen2-7B-shaped run: computed tokens per sample and the token rate."""
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    runs = _result("served-h200-qwen2-83a9a05.json")["table1"]
+    stock = tables.median_run([r for r in runs if r["row"] == STOCK_FA3])
+    ours = tables.median_run([r for r in runs if r["row"] == ISPS])
+    per_sample = {name: r["computed_prompt_tokens_per_s"] / r["samples_per_s"] for name, r in (("stock", stock),
+                                                                                                ("ours", ours))}
+    rate = ours["computed_prompt_tokens_per_s"] / stock["computed_prompt_tokens_per_s"]
+    for figure in (
+        f"computes {per_sample['ours']:,.0f} prompt tokens per sample against stock's {per_sample['stock']:,.0f}",
+        f"runs at {ours['samples_per_s'] / stock['samples_per_s']:.2f}x stock here",
+        f"computes {ours['computed_prompt_tokens_per_s']:,.0f} prompt tokens/s against stock's "
+        f"{stock['computed_prompt_tokens_per_s']:,.0f}, **{rate:.2f}x**",
+    ):  # fmt: skip
+        assert figure in doc, figure
+
+
 def test_the_prefix_sink_run_by_place_and_pairings_match_its_results() -> None:
     """docs/accuracy.md and docs/client.md on `prefix_sink` (CPU): by place, and against block and refreshed heads."""
     name = "accuracy-families-smollm2-cpu-prefix-sink.json"
