@@ -475,8 +475,8 @@ def main() -> None:
                         choices=["spans", "table1", "figure2", "long", "small"])  # fmt: skip
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--strategies", nargs="+", choices=[s.value for s in Strategy],
-                        default=[s.value for s in Strategy],
-                        help="minipic rows to run (stock rows always send plain prompts)")
+                        default=[s.value for s in Strategy if s is not Strategy.INLINE],
+                        help="minipic rows to run (stock rows always send plain prompts; inline only when named)")
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--repeats", type=int, default=1,
                         help="table1: runs of each row, back to back on the same server, cache reset before each")
