@@ -93,9 +93,10 @@ class Claim:
     """Prefills a final prompt computes itself (``inline``): registered as under way, so
     other callers await them, until `settle` says whether the final stored them.
 
-    The final's first stream event means its whole prompt was prefilled, so its blocks are
-    cached: ``settle(True)`` then. A final that failed or was cancelled first settles
-    False: the prefills count as never sent, and the callers that waited send them again.
+    The final's first token means its whole prompt was prefilled, so its blocks are cached:
+    ``settle(True)`` then. A final that failed or was cancelled before it settles False: the
+    prefills count as never sent, the callers that waited compute them in their own finals,
+    and later callers send them again.
     """
 
     def __init__(self, sizes: dict[bytes, int]) -> None:
