@@ -242,7 +242,9 @@ def test_scale_out_prose_figures_match_their_results() -> None:
 
 
 @pytest.mark.parametrize(
-    "results", ["accuracy-emulation-smollm2-cpu.json", "accuracy-emulation-markers-smollm2-cpu.json"]
+    "results",
+    ["accuracy-emulation-smollm2-cpu.json", "accuracy-emulation-markers-smollm2-cpu.json",
+     "accuracy-emulation-bos-smollm2-cpu.json"],
 )
 def test_emulation_table_matches_its_results(results: str) -> None:
     """Each run's variants in docs/accuracy.md (a variant both runs have answers the same there:
@@ -258,6 +260,19 @@ def test_emulation_table_matches_its_results(results: str) -> None:
             cells.append(f"{diff[0]} [{diff[1]}, {diff[2]}], " + ("p<0.001" if p < 0.001 else f"p={p:.3f}"))
         row = next((line for line in lines if line.startswith(f"| `{variant}`")), None)
         assert row is not None and all(f"| {cell} |" in row for cell in cells), (variant, row, cells)
+
+
+def test_turn_start_markers_pairings_match_their_results() -> None:
+    """docs/accuracy.md's paired counts of the +markers=1 emulation against the markers' own rows."""
+    verdicts = _result("accuracy-emulation-bos-smollm2-cpu.json")["verdicts"]
+    counts = []
+    for layout in ("refreshed", "block"):
+        pairs = list(zip(verdicts[f"{layout}+markers=1"], verdicts[layout], strict=True))
+        counts.append((sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)))
+    (rh_gained, rh_lost), (block_gained, block_lost) = counts
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"refreshed heads turn {rh_gained} answers right and {rh_lost} wrong, Block-Attention {block_gained} "
+            f"right and {block_lost} wrong") in doc
 
 
 def _markers_runs() -> tuple[list[dict], list[dict]]:
