@@ -615,6 +615,7 @@ class SpanClient:
             try:
                 if job.inline and route.prefill is route.final:
                     claim, others = replica.scheduler.claim(job.prefills)
+                    completion.prefill_computed = 0  # what it claims, its final computes and reports
                     await others
                 else:
                     completion.prefill_computed = await replica.scheduler.prefill(job.prefills, headers)
