@@ -205,12 +205,12 @@ class Scheduler:
         """``inline``: the prefills no one has sent or is sending become the caller's, to be
         computed in its final prompt; returns that `Claim` and a future of the others under
         way, to await before the final goes out."""
-        todo = {p.key: p for p in prefills if p.key not in self._done}
+        todo = self._not_done(prefills)
         claim = Claim({key: len(p.token_ids) for key, p in todo.items() if key not in self._pending})
-        waits = {id(f): f for f in (self._pending.get(key) for key in todo) if f is not None}
+        waits = self._under_way(todo)
         self._hold(claim.sizes, claim.stored)
         claim.stored.add_done_callback(lambda stored: self._release(claim.sizes, stored.result()))
-        return claim, asyncio.gather(*map(asyncio.shield, waits.values()), return_exceptions=True)
+        return claim, asyncio.gather(*waits, return_exceptions=True)
 
     def _start(
         self, prefills: Iterable[Prefill], headers: dict[str, str] | None
@@ -221,7 +221,7 @@ class Scheduler:
         `MAX_PROMPTS_PER_REQUEST`); a failed request is forgotten, so the next caller
         that needs its prefills sends them again.
         """
-        todo = {p.key: p for p in prefills if p.key not in self._done}
+        todo = self._not_done(prefills)
         fresh = [p for key, p in todo.items() if key not in self._pending]
         step = min(MAX_PROMPTS_PER_REQUEST, self.max_in_flight)
         sent: list[asyncio.Task[int | None]] = []
@@ -234,9 +234,16 @@ class Scheduler:
                 sizes = {p.key: len(p.token_ids) for p in chunk}
                 self._hold(sizes, task)
                 task.add_done_callback(partial(self._settle, sizes))
-        tasks = {id(t): t for t in (self._pending.get(key) for key in todo) if t is not None}
-        # Shielded: a caller that is cancelled must not cancel the others' prefills.
-        return sent, asyncio.gather(*map(asyncio.shield, tasks.values()))
+        return sent, asyncio.gather(*self._under_way(todo))
+
+    def _not_done(self, prefills: Iterable[Prefill]) -> dict[bytes, Prefill]:
+        return {p.key: p for p in prefills if p.key not in self._done}
+
+    def _under_way(self, keys: Iterable[bytes]) -> list[asyncio.Future[Any]]:
+        """What sends the prefills with `keys` (each once), shielded: a caller that is
+        cancelled must not cancel the others' prefills."""
+        futures = {id(f): f for f in (self._pending.get(key) for key in keys) if f is not None}
+        return [asyncio.shield(f) for f in futures.values()]
 
     async def stream(
         self,
