@@ -85,6 +85,8 @@ class Batch:
     spans: int = 0  # 0: no windows; n: SSep every n blocks, then a PDep tail block
     duplicate_block: bool = False
     moved: int = 0  # context blocks of each request computed elsewhere (a cached span reused here)
+    moved_span: int = 0  # 0: moved blocks all 7 blocks from their origin; n: spans of n blocks, each block
+    # stored at its offset in its span (as a reused passage is), so each span moves by its own distance
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -103,7 +105,9 @@ class Batch:
             ids = perm[at : at + n]
             at += n
             table[r, :n] = ids.to(torch.int32)
-            origin[ids] = (torch.arange(n) + 7 * (torch.arange(n) < self.moved)).to(torch.int32)
+            logical = torch.arange(n)
+            stored = logical % self.moved_span if self.moved_span else logical + 7
+            origin[ids] = torch.where(logical < self.moved, stored, logical).to(torch.int32)
             if self.spans:
                 for b in range(0, n - 1, self.spans):
                     kinds[ids[b]] = BlockKind.SSEP
@@ -308,6 +312,9 @@ def section_times(fa, fa_func, version, sections: set[str]) -> list[dict]:
             rows.append(timed_case(f"decode_{reqs}x{ctx}", batch, fa, fa_func, version))
         moved = Batch(LLAMA3, [(4096, 1)] * 64, moved=200)  # decode after a final prompt over reused spans
         rows.append(timed_case("decode_64x4096_moved", moved, fa, fa_func, version))
+        # The same over reused passages of 7 blocks, each moved by its own distance: 3 of 7 key tiles hold two.
+        spans = Batch(LLAMA3, [(4096, 1)] * 64, moved=196, moved_span=7)
+        rows.append(timed_case("decode_64x4096_moved_spans", spans, fa, fa_func, version))
     return rows
 
 

@@ -47,3 +47,25 @@ def test_rotate_into_pages_compiles_for_sm90(dtype: str) -> None:
     constants = dict(NUM_KV_HEADS=8, HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, KV_BLOCK_SIZE=16)
     pointers = {name: "*i32" for name in ("block_table_ptr", "block_origin_ptr", "seq_lens_ptr", "block_pages_ptr")}
     assert _ptx(rotary_pages._rotate_into_pages_kernel, dtype, constants, {**pointers, "cos_sin_ptr": "*fp32"})
+
+
+@pytest.mark.parametrize("move", [False, True])
+def test_decode_attention_compiles_for_sm90(move: bool) -> None:
+    """The decode launch as a Llama-3-8B server runs it in bf16: at origin, and rotating the
+    query back over moved blocks (`triton_attention._rotated_query_scores`)."""
+    from minipic_kernels import triton_attention
+
+    constants = dict(
+        HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, GROUP=4, GROUP_P=4, KV_BLOCK_SIZE=16, BLOCK_M=16,
+        BLOCK_Q=1, BLOCK_N=64, TILE_BLOCKS=4, MOVE=move, PAIR_HALVES=False, ROTATE_QUERY=move, DECODE=True,
+        SKIP_QLEN_LE=0, USE_FLAGS=False, USE_SPLITS=True, DOT_PRECISION="tf32",
+    )  # fmt: skip
+    int_pointers = ("block_table_ptr", "block_origin_ptr", "query_start_loc_ptr", "seq_lens_ptr",
+                    "window_starts_ptr", "req_flags_ptr")  # fmt: skip
+    pointers = {
+        **{name: "*i32" for name in int_pointers},
+        **{name: "*i8" for name in ("block_kind_ptr", "req_moved_ptr", "req_hidden_ptr")},
+        **{name: "*fp32" for name in ("cos_sin_ptr", "part_acc_ptr", "part_ml_ptr")},
+        "qk_scale": "fp32",
+    }
+    assert _ptx(triton_attention._attention_kernel, "bf16", constants, pointers)
