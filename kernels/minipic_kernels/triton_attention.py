@@ -7,13 +7,10 @@ reading a cached span elsewhere is taken by a second compiled variant (``MOVE``)
 rotates each key tile in registers by its blocks' shifts, from ``cos_sin`` (a pure
 rotation, one table row per block). `launch` launches both variants, each skipping the
 other's requests: compiled into one kernel, the moved loop slowed the plain one by 25-30%
-(docs/benchmarks.md, section 2). In the decode launch the moved loop rotates the *query*
-back instead (``ROTATE_QUERY``: ``R(-s) q . k = q . R(s) k``), once per run of blocks with
-one shift, and scores the keys as cached: a few query rows cost less to rotate than a key
-tile. In the tile launch it rotates the keys: where the whole head rotates (Llama, Qwen:
-fixed per model, ``PAIR_HALVES``) it loads each key tile as its two rotary-pair halves and
-scores them half by half, so each key lane is read once; with partial rotary it gathers
-each lane's rotary partner a second time.
+(docs/benchmarks.md, section 2). Where the whole head rotates (Llama, Qwen: fixed per
+model, ``PAIR_HALVES``) the moved loop loads each key tile as its two rotary-pair halves
+and scores them half by half, so each key lane is read once; with partial rotary it
+gathers each lane's rotary partner a second time.
 
 One kernel body, two launch shapes (the `launch` function picks one):
 
@@ -168,75 +165,22 @@ def _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_bt
 
 
 @triton.jit
-def _block_shift(first_key, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, KV_BLOCK_SIZE: tl.constexpr):
-    """The shift of the KV block holding key ``first_key`` (0 past the request's keys)."""
-    logical = first_key // KV_BLOCK_SIZE
-    ok = first_key < seq_len
-    phys = tl.load(bt_row_ptr + logical * stride_btb, mask=ok, other=0)
-    return tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
-
-
-@triton.jit
-def _scores_at_shift(q32, q_turn, k, shift, cos_sin_ptr, stride_cs, column, rotates, ROT_HALF: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr):
-    """Scores of the query rotated back by ``shift`` against keys ``k`` as cached: ``R(-s) q . k``
-    equals ``q . R(s) k`` (`_rotated_query_scores`)."""
-    row = cos_sin_ptr + tl.abs(shift) * stride_cs
-    cos = tl.load(row + column, mask=rotates, other=1.0)
-    sin = tl.load(row + ROT_HALF + column, mask=rotates, other=0.0) * tl.where(shift < 0, -1.0, 1.0)
-    q_rot = (q32 * cos[None, :] + q_turn * sin[None, :]).to(k.dtype)
-    return tl.dot(q_rot, tl.trans(k), input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _rotated_query_scores(q32, q_turn, k, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr,
-                          stride_cs, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr,
-                          KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr):
-    """Scores of one key tile whose blocks may sit away from their origin, for a few query rows
-    (decode): the query is rotated back once per run of blocks with one shift and scored against
-    the keys as cached, so no key is converted or rotated. A tile is one run unless a span
-    boundary falls inside it. ``q32`` is the query in fp32, ``q_turn`` its rotary partners times
-    the sign that rotating back gives them (``-sign`` of `_rotary_lanes`)."""
-    column, _, _, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
-    key_block = tl.arange(0, TILE_BLOCKS * TILE_ROWS) // TILE_ROWS
-    last = _block_shift(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, KV_BLOCK_SIZE)
-    qk = _scores_at_shift(q32, q_turn, k, last, cos_sin_ptr, stride_cs, column, rotates, ROT_HALF, DOT_PRECISION)
-    for j in tl.static_range(1, TILE_BLOCKS):
-        shift = _block_shift(n0 + j * TILE_ROWS, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, KV_BLOCK_SIZE)
-        if shift != last:  # a new run from block j: its scores replace those of blocks j..
-            run = _scores_at_shift(q32, q_turn, k, shift, cos_sin_ptr, stride_cs, column, rotates, ROT_HALF,
-                                   DOT_PRECISION)  # fmt: skip
-            qk = tl.where(key_block[None, :] >= j, run, qk)
-        last = shift
-    return qk
-
-
-@triton.jit
 def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb,
                  block_origin_ptr, cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr,
                  ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
-                 ROTATE_QUERY: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                 TILE_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
     """Scores ``q . k`` of one key tile (fp32), with ``MOVE`` each key rotated by its block's
-    shift (``q_first``/``q_second``: the query as the moved loop takes it, below).
+    shift first (fp32 math, the cache's dtype into the dot).
 
-    ``ROTATE_QUERY`` (``MOVE`` in the decode launch, a few query rows per tile): the query is
-    rotated back instead of the keys (`_rotated_query_scores`; ``q_first`` the query in fp32,
-    ``q_second`` its turned partners). ``PAIR_HALVES`` (``MOVE`` in the tile launch where the
-    whole head rotates: Llama, Qwen): the tile is loaded as its two pair halves
-    (`_pair_lanes`), each lane once, rotated pair by pair in fp32, and scored half by half
-    against the query's halves ``q_first``/``q_second`` (the sum of the two dots is the dot
-    over the head). Otherwise (partial rotary) a moved tile gathers each lane's partner a
-    second time: lanes past ``rotary_dim`` do not rotate, so the head has no two halves.
+    ``PAIR_HALVES`` (``MOVE`` where the whole head rotates: Llama, Qwen): the tile is loaded
+    as its two pair halves (`_pair_lanes`), each lane once, rotated pair by pair, and scored
+    half by half against the query's halves ``q_first``/``q_second`` (the sum of the two dots
+    is the dot over the head). Otherwise (partial rotary) a moved tile gathers each lane's
+    partner a second time: lanes past ``rotary_dim`` do not rotate, so the head has no two
+    halves.
     """
-    if ROTATE_QUERY:
-        offs_d = tl.arange(0, HEAD_P)
-        k = _load_rows(k_rows, offs_d, stride_kd, key_ok, offs_d < HEAD)
-        qk = _rotated_query_scores(q_first, q_second, k, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr,
-                                   cos_sin_ptr, stride_cs, HEAD_P, ROT_HALF, IS_NEOX, KV_BLOCK_SIZE, TILE_BLOCKS,
-                                   TILE_ROWS, DOT_PRECISION)  # fmt: skip
-    elif PAIR_HALVES:
+    if PAIR_HALVES:
         first, second = _pair_lanes(ROT_HALF, IS_NEOX)
         every = first < HEAD_P
         cos, sin = _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr, stride_cs,
@@ -279,9 +223,8 @@ def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, 
                  has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, block_origin_ptr, k_head_ptr, v_head_ptr,
                  stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
                  HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr,
-                 MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, ROTATE_QUERY: tl.constexpr,
-                 KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 TILE_BLOCKS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``, each row
     masked by `block_kinds.visible` (causal, its window, hidden blocks other than its own
     span's head); with ``MOVE`` (a request reading some block away from its origin) each
@@ -303,8 +246,7 @@ def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, 
         v_rows = v_head_ptr + phys.to(tl.int64) * stride_vb + (offs_n % KV_BLOCK_SIZE) * stride_vs
         qk = _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb,
                           block_origin_ptr, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE,
-                          PAIR_HALVES, ROTATE_QUERY, KV_BLOCK_SIZE, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS,
-                          DOT_PRECISION)  # fmt: skip
+                          PAIR_HALVES, KV_BLOCK_SIZE, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, DOT_PRECISION)  # fmt: skip
         allowed = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None])
         if has_hidden:
             allowed = allowed & _shown_keys(n0, offs_n, seq_len, win_start, bt_row_ptr, stride_btb, block_kind_ptr,
@@ -358,8 +300,7 @@ def _attention_kernel(
     BLOCK_N: tl.constexpr,  # keys per tile
     TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
     MOVE: tl.constexpr,  # this launch takes the requests reading a block away from its origin
-    PAIR_HALVES: tl.constexpr,  # MOVE in tiles, the whole head rotating: keys by pair halves (`_tile_scores`)
-    ROTATE_QUERY: tl.constexpr,  # MOVE in decode: the query rotated back per run of blocks (`_tile_scores`)
+    PAIR_HALVES: tl.constexpr,  # MOVE with the whole head rotating: keys by pair halves (`_tile_scores`)
     DECODE: tl.constexpr,  # decode launch: program x = request with q_len <= BLOCK_Q
     SKIP_QLEN_LE: tl.constexpr,  # tile launch: requests with q_len <= this belong to decode
     USE_FLAGS: tl.constexpr,  # tile launch: only requests whose flag is set
@@ -414,10 +355,6 @@ def _attention_kernel(
         first, second = _pair_lanes(ROT_HALF, IS_NEOX)
         q_first = _load_rows(q_rows, first, stride_qd, row_ok, first < HEAD_P)
         q_second = _load_rows(q_rows, second, stride_qd, row_ok, second < HEAD_P)
-    elif ROTATE_QUERY:  # the query in fp32 and its partners turned as rotating back turns them
-        _, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
-        q_first = q.to(tl.float32)
-        q_second = _load_rows(q_rows, partner, stride_qd, row_ok, rotates).to(tl.float32) * -sign[None, :]
     else:
         q_first, q_second = q, q  # unused
     has_hidden = tl.load(req_hidden_ptr + req) != 0  # once per program: see `_attend_keys`
@@ -428,8 +365,8 @@ def _attention_kernel(
         acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, has_hidden,
         block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_kind_ptr, block_origin_ptr,
         k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-        stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, ROTATE_QUERY,
-        KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, DOT_PRECISION,
+        stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N,
+        TILE_BLOCKS, DOT_PRECISION,
     )  # fmt: skip
 
     if USE_SPLITS:
@@ -503,7 +440,9 @@ _PREFILL = {
 }
 _DECODE = {
     64: AttentionConfig(16, 64, 2, 3),
-    128: AttentionConfig(16, 64, 2, 3),
+    # 4 stages: decode over moved blocks 1.14x FA3's time against 1.19x with 3, at origin the same
+    # (benchmarks/results/decode-configs-h200.json); 5 and more slow decode at origin by 30%.
+    128: AttentionConfig(16, 64, 2, 4),
     256: AttentionConfig(16, 32, 4, 2),
 }
 
@@ -648,8 +587,7 @@ def launch(
             HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
             GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
             TILE_BLOCKS=max(1, cfg.block_n // block_size), MOVE=move,
-            PAIR_HALVES=move and not decode and work.rotary_dim == head_p and work.rotary_dim >= 32,  # dot: >= 16
-            ROTATE_QUERY=move and decode,
+            PAIR_HALVES=move and work.rotary_dim == head_p and work.rotary_dim >= 32,  # tl.dot: halves >= 16
             DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
             USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
