@@ -17,6 +17,8 @@ GPU time, no launch overhead; the CPU cost of dispatch is reported separately. S
 - ``prefill``, ``chunked``, ``windowed``, ``decode``: times, ours / FA3;
 - ``decode_variants`` (not by default): the decode launch alone over keys at their origin,
   over moved keys and over keys without rotation support, a few launch shapes;
+- ``decode_configs`` (not by default): the whole decode call at a few launch shapes, at origin
+  and over moved blocks;
 - ``prefill_parts`` (not by default): each launch of a short window-free prefill alone;
 - ``jit``: after `warm_up`, a random mix of batches compiles no kernel.
 """
@@ -369,6 +371,33 @@ def section_decode_variants(fa_func, version) -> list[dict]:
     return rows
 
 
+DECODE_CONFIGS = [(64, 2, 3), (64, 2, 4), (64, 2, 5), (64, 4, 3), (32, 2, 3), (128, 4, 3)]  # BLOCK_N, warps, stages
+
+
+def section_decode_configs(fa, fa_func, version) -> list[dict]:
+    """The whole decode call at a few launch shapes (`DECODE_CONFIGS`, key splits auto), at
+    origin and over moved blocks (one distance, and passages each moved by its own), against
+    FA3 on keys in place: how the decode configuration of head size 128 was chosen."""
+    batches = {
+        "decode_64x4096": Batch(LLAMA3, [(4096, 1)] * 64),
+        "decode_8x32768": Batch(LLAMA3, [(32768, 1)] * 8),
+        "decode_256x1024": Batch(LLAMA3, [(1024, 1)] * 256),
+        "decode_64x4096_moved": Batch(LLAMA3, [(4096, 1)] * 64, moved=200),
+        "decode_64x4096_moved_spans": Batch(LLAMA3, [(4096, 1)] * 64, moved=196, moved_span=7),
+    }
+    fa3_ms = {name: graph_ms(stock_fa(b, torch.empty_like(b.query), fa_func, version)) for name, b in batches.items()}
+    rows = []
+    for block_n, warps, stages in DECODE_CONFIGS:
+        cfg = AttentionConfig(16, block_n, warps, stages)
+        for name, batch in batches.items():
+            ms = graph_ms(batch.ours(torch.empty_like(batch.query), fa, decode=cfg))
+            row = {"case": name, "config": dataclasses.asdict(cfg), "ms": ms, "fa3_ms": fa3_ms[name],
+                   "ratio": ms / fa3_ms[name]}  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def section_kv_write() -> list[dict]:
     """MiniPIC's cache write against vLLM's own Triton write."""
     from vllm.v1.attention.ops.triton_reshape_and_cache_flash import triton_reshape_and_cache_flash
@@ -464,6 +493,8 @@ def main() -> None:
                           "any_nan": any(r["nan"] for r in result["correctness"])}), flush=True)  # fmt: skip
     if "decode_variants" in sections:
         result["decode_variants"] = section_decode_variants(fa_func, version)
+    if "decode_configs" in sections:
+        result["decode_configs"] = section_decode_configs(fa, fa_func, version)
     if "prefill_parts" in sections:
         result["prefill_parts"] = section_prefill_parts(fa, fa_func, version)
     if "kv_write" in sections:

@@ -112,10 +112,11 @@ def _fmt(x: float | None) -> str:
 
 
 def attention(data: dict) -> Iterator[str]:
-    yield (_row("case", "MiniPIC (ms)", "FA3 (ms)", "MiniPIC / FA3", "moved requests on the tile kernel (ms)",
-               "CPU dispatch per call (µs)"))  # fmt: skip
-    yield (_row(*["---"] * 6))
-    for r in data["times"]:
+    if data.get("times"):
+        yield (_row("case", "MiniPIC (ms)", "FA3 (ms)", "MiniPIC / FA3", "moved requests on the tile kernel (ms)",
+                   "CPU dispatch per call (µs)"))  # fmt: skip
+        yield (_row(*["---"] * 6))
+    for r in data.get("times", []):
         yield (_row(r["case"], f"{r['ours_ms']:.4f}", f"{r['fa3_ms']:.4f}", f"**{r['ratio']:.2f}**",
                    f"{r['ours_in_kernel_ms']:.4f}", f"{r['ours_cpu_us']:.0f}"))  # fmt: skip
     if data.get("correctness"):
@@ -143,6 +144,13 @@ def attention(data: dict) -> Iterator[str]:
             launch = f"{c['block_n']} / {c['num_warps']} / {c['num_stages']} / {c['num_splits'] or 'auto'}"
             yield (_row(r["case"], r["variant"], launch, f"{r['ms']:.4f}", f"{r['ratio']:.2f}",
                        f"{r['gb_per_s']:,.0f}"))  # fmt: skip
+    if data.get("decode_configs"):
+        yield ("\n" + _row("decode call", "BLOCK_N / warps / stages", "ms", "FA3 (ms)", "/ FA3"))
+        yield (_row(*["---"] * 5))
+        for r in data["decode_configs"]:
+            c = r["config"]
+            yield (_row(r["case"], f"{c['block_n']} / {c['num_warps']} / {c['num_stages']}", f"{r['ms']:.4f}",
+                       f"{r['fa3_ms']:.4f}", f"{r['ratio']:.2f}"))  # fmt: skip
     jit = data.get("jit")
     if jit:
         yield (f"JIT: warm-up {jit['warm_up_s']:.1f} s, then {jit['compilations_after_warm_up']} compilations over "

@@ -171,7 +171,9 @@ def _readme_figures() -> list[str]:
     at_32 = [r for r in spans["figure2"] if r["k"] == 32]
     cached = statistics.median(r["pic_cached_ttft_s"] for r in at_32 if "pic_cached_ttft_s" in r)
     uncached = statistics.median(r["stock_uncached_ttft_s"] for r in at_32 if "stock_uncached_ttft_s" in r)
-    moved = next(t["ratio"] for t in _result("attention-h200-f84bf1a-decode.json")["times"] if "moved" in t["case"])
+    moved = [r["ratio"] for r in _result("attention-h200-f1c082d-decode-configs.json")["decode_configs"]
+             if r["case"] == "decode_64x4096_moved" and (r["config"]["block_n"], r["config"]["num_warps"],
+                                                         r["config"]["num_stages"]) == (64, 2, 4)][-1]  # 10f35f5's
     replicas = _result("replicas-h200-7139fcd.json")["summary"]
     warm = _result("load-h200-warm-a4f782a.json")["goal"]
     floor = statistics.median(r["stock_cached_ttft_s"] for r in _result("served-figure2-h200-7139fcd.json")["figure2"]
@@ -185,7 +187,8 @@ def _readme_figures() -> list[str]:
         f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
         f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
         f"Attention takes {_attention_range('attention-h200-a4b6f6a-hidden-mask.json', 'prefill_')} FA3's time",
-        f"and {_attention_range('attention-h200-f84bf1a-decode.json', 'decode_')} for decode, {moved:.2f}x when",
+        f"and {_attention_range('attention-h200-f84bf1a-decode.json', 'decode_')} for decode (commit f84bf1a), "
+        f"{moved:.2f}x when decoding over moved blocks (commit 10f35f5)",
         f"hit {replicas['placement_over_one_replica_hit_rate']:.0%} of the spans",
         f"run {replicas['placement_over_round_robin_samples_per_s']:.2f}x the samples/s",
         f"TTFT is **{warm['ttft_p99_ratio']:.2f}x** lower than stock's at the rate where stock's passes "
@@ -601,3 +604,19 @@ def test_the_prefix_sink_synthetic_run_matches_its_results() -> None:
     assert (f"wins back {won['prefix_sink']:.0f}% of Block-Attention's loss ({sum(a > b for a, b in verdicts)} "
             f"answers right only with it, {sum(a < b for a, b in verdicts)} only with `block`), refreshed heads "
             f"{won['refreshed_heads']:.0f}%") in text
+
+
+def test_decode_variant_figures_match_their_results() -> None:
+    """The five decode variants of docs/benchmarks.md ("Latest: decode over moved blocks"),
+    moved / moved spans against FA3, as their result file gives them."""
+    variants = _result("attention-h200-decode-variants.json")["variants"]
+
+    def pair(name: str) -> str:
+        ratio = {t["case"]: t["ratio"] for t in variants[name]["times"]}
+        return f"{ratio['decode_64x4096_moved']:.2f} / {ratio['decode_64x4096_moved_spans']:.2f}"
+
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    for name, words in (("v_old", "keys rotated per tile as before **{}**"), ("v_qrun", "rotated per run of shifts {}"),
+                        ("v_qblock", "branch-free {}"), ("v_keygather", "broadcast {}"),
+                        ("v_shiftgather", "shift table {}")):  # fmt: skip
+        assert words.format(pair(name)) in doc, name

@@ -1,5 +1,5 @@
-"""The cache-write and scratch-page kernels compile for the H200 (sm_90) in bf16 and fp16, here,
-without a GPU.
+"""The cache-write and scratch-page kernels (bf16 and fp16) and the decode attention launch
+(bf16) compile for the H200 (sm_90), here, without a GPU.
 
 `TRITON_INTERPRET=1` (tests/test_triton_kernel.py) runs kernels in numpy, which accepts
 programs the compiler refuses (a variable changing dtype inside a branch); Triton's own
@@ -22,16 +22,16 @@ from minipic_kernels import kv_write, rotary_pages  # noqa: E402
 H200 = GPUTarget("cuda", 90, 32)
 
 
-def _ptx(kernel: Any, dtype: str, constants: dict[str, Any], pointers: dict[str, str]) -> str:
-    """``kernel`` compiled for sm_90: ``constants`` as its constexprs, ``pointers`` typed as
-    given, its other pointers to ``dtype``, every other argument an i32."""
+def _ptx(kernel: Any, dtype: str, constants: dict[str, Any], pointers: dict[str, str], **options: Any) -> str:
+    """``kernel`` compiled for sm_90 (with launch ``options``): ``constants`` as its constexprs,
+    ``pointers`` typed as given, its other pointers to ``dtype``, every other argument an i32."""
     names = list(kernel.arg_names)
     signature = {
         name: "constexpr" if name in constants else pointers.get(name, f"*{dtype}" if name.endswith("_ptr") else "i32")
         for name in names
     }
     source = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constants.items()})
-    return triton.compile(source, target=H200).asm["ptx"]
+    return triton.compile(source, target=H200, options=options or None).asm["ptx"]
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -51,14 +51,14 @@ def test_rotate_into_pages_compiles_for_sm90(dtype: str) -> None:
 
 @pytest.mark.parametrize("move", [False, True])
 def test_decode_attention_compiles_for_sm90(move: bool) -> None:
-    """The decode launch as a Llama-3-8B server runs it in bf16: at origin, and rotating the
-    query back over moved blocks (`triton_attention._rotated_query_scores`)."""
+    """The decode launch as a Llama-3-8B server runs it in bf16, at its default configuration: at
+    origin, and over moved blocks (key tiles rotated by pair halves)."""
     from minipic_kernels import triton_attention
 
     constants = dict(
         HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, GROUP=4, GROUP_P=4, KV_BLOCK_SIZE=16, BLOCK_M=16,
-        BLOCK_Q=1, BLOCK_N=64, TILE_BLOCKS=4, MOVE=move, PAIR_HALVES=False, ROTATE_QUERY=move, DECODE=True,
-        SKIP_QLEN_LE=0, USE_FLAGS=False, USE_SPLITS=True, DOT_PRECISION="tf32",
+        BLOCK_Q=1, BLOCK_N=64, TILE_BLOCKS=4, MOVE=move, PAIR_HALVES=move, DECODE=True, SKIP_QLEN_LE=0,
+        USE_FLAGS=False, USE_SPLITS=True, DOT_PRECISION="tf32",
     )  # fmt: skip
     int_pointers = ("block_table_ptr", "block_origin_ptr", "query_start_loc_ptr", "seq_lens_ptr",
                     "window_starts_ptr", "req_flags_ptr")  # fmt: skip
@@ -68,4 +68,6 @@ def test_decode_attention_compiles_for_sm90(move: bool) -> None:
         **{name: "*fp32" for name in ("cos_sin_ptr", "part_acc_ptr", "part_ml_ptr")},
         "qk_scale": "fp32",
     }
-    assert _ptx(triton_attention._attention_kernel, "bf16", constants, pointers)
+    cfg = triton_attention.decode_config(128)
+    assert _ptx(triton_attention._attention_kernel, "bf16", constants, pointers, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)

@@ -441,7 +441,7 @@ _PREFILL = {
 _DECODE = {
     64: AttentionConfig(16, 64, 2, 3),
     # 4 stages: decode over moved blocks 1.14x FA3's time against 1.19x with 3, at origin the same
-    # (benchmarks/results/decode-configs-h200.json); 5 and more slow decode at origin by 30%.
+    # (benchmarks/results/attention-h200-f1c082d-decode-configs.json); 5 or 6 slow it at origin by up to 34%.
     128: AttentionConfig(16, 64, 2, 4),
     256: AttentionConfig(16, 32, 4, 2),
 }
