@@ -14,7 +14,9 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+hide-spans``: an SSep/HSep marker's key is seen only by its own span;
 - ``+hide-pads``: a pad's key is seen by no other token;
 - ``+pad=ID``: pads are token ``ID`` (an ordinary token) instead of the server's pad marker;
-- ``+markers=ID``: SSep, PDep and HSep are embedded as token ``ID`` (the rule still reads them).
+- ``+markers=ID``: SSep, PDep and HSep are embedded as token ``ID`` (the rule still reads them);
+- ``+span-bias=B``: ``B`` added to the attention logits of every key inside a span, as seen from
+  rows outside that span (APE's scaling of parallel contexts: their softmax weights times e^B).
 
     flock /tmp/minipic-test-server.lock .venv/bin/python benchmarks/accuracy_emulation.py \\
         --passages ../shared/data/2wiki_passages.json --questions 150 \\
@@ -48,7 +50,7 @@ from provenance import provenance
 
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
-CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=")
+CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=")
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
@@ -77,10 +79,24 @@ async def lay_out(url: str, tokenizer: Tokenizer, prompts: Sequence[RagRequest],
         return client.info, ids
 
 
+def _window_starts(ids: Sequence[int], info: ServerInfo) -> torch.Tensor:
+    markers = (info.ssep_token_id, info.pdep_token_id, info.hsep_token_id)
+    return torch.tensor(window_starts_of_prompt(ids, info.block_size, *markers))
+
+
+def attention_bias(ids: Sequence[int], info: ServerInfo, changes: Sequence[str], seen: torch.Tensor) -> torch.Tensor:
+    """``[q, k]`` additive mask: -inf where ``seen`` is False, else 0 or, with ``span-bias=B``,
+    ``B`` on keys inside a span (window start > 0) for rows outside that span."""
+    bias = next((float(c.removeprefix("span-bias=")) for c in changes if c.startswith("span-bias=")), 0.0)
+    starts = _window_starts(ids, info)
+    other_span = (starts[None, :] > 0) & (starts[:, None] != starts[None, :])
+    return torch.where(other_span, bias, 0.0).masked_fill(~seen, float("-inf"))
+
+
 def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> torch.Tensor:
     """``[q, k]``: MiniPIC's rule for the prompt, then the variant's hiding changes."""
     block, markers = info.block_size, (info.ssep_token_id, info.pdep_token_id, info.hsep_token_id)
-    starts = torch.tensor(window_starts_of_prompt(ids, block, *markers))
+    starts = _window_starts(ids, info)
     hidden = torch.tensor(hidden_of_prompt(ids, block, *markers))
     pos, tokens = torch.arange(len(ids)), torch.tensor(ids)
     own_head = (pos - pos % block)[None, :] == starts[:, None]
@@ -106,18 +122,19 @@ def model_input(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) ->
 
 
 @torch.no_grad()
-def answer(model, ids: list[int], seen: torch.Tensor, stop: set[int], max_tokens: int) -> list[int]:
-    """Greedy tokens after the prompt; each generated token sees what the prompt's last token sees and itself."""
-    mask = torch.zeros(1, 1, len(ids), len(ids)).masked_fill(~seen, float("-inf"))
-    out = model(input_ids=torch.tensor([ids]), attention_mask=mask, position_ids=torch.arange(len(ids))[None])
-    row, generated = seen[-1], []
+def answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_tokens: int) -> list[int]:
+    """Greedy tokens after the prompt under the additive mask ``bias`` (`attention_bias`); each
+    generated token attends as the prompt's last token does, and to itself and earlier answer tokens."""
+    out = model(input_ids=torch.tensor([ids]), attention_mask=bias[None, None],
+                position_ids=torch.arange(len(ids))[None])  # fmt: skip
+    row, generated = bias[-1], []
     for step in range(max_tokens):
         token = int(out.logits[0, -1].argmax())
         if token in stop:
             break
         generated.append(token)
-        row = torch.cat([row, torch.tensor([True])])
-        mask = torch.zeros(1, 1, 1, row.shape[0]).masked_fill(~row, float("-inf"))
+        row = torch.cat([row, torch.tensor([0.0])])
+        mask = row[None, None, None, :]
         out = model(input_ids=torch.tensor([[token]]), attention_mask=mask, past_key_values=out.past_key_values,
                     position_ids=torch.tensor([[len(ids) + step]]))  # fmt: skip
     return generated
@@ -166,8 +183,8 @@ def main() -> None:
         verdicts[variant] = []
         for question, ids in zip(questions, token_ids[layout]):
             ids = [pad if t == info.pad_token_id else t for t in ids]
-            seen = visibility(ids, info, changes)
-            generated = answer(model, model_input(ids, info, changes), seen, stop, args.max_tokens)
+            bias = attention_bias(ids, info, changes, visibility(ids, info, changes))
+            generated = answer(model, model_input(ids, info, changes), bias, stop, args.max_tokens)
             verdicts[variant].append(is_correct(text_of.decode(generated, skip_special_tokens=True), question))
         correct = sum(verdicts[variant])
         report[variant] = {"correct": correct, "questions": len(questions),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from accuracy_emulation import model_input, parse_variant, visibility
+from accuracy_emulation import attention_bias, model_input, parse_variant, visibility
 
 from minipic_protocol.info import ServerInfo
 
@@ -46,3 +46,13 @@ def test_markers_embedded_as_another_token_keep_the_rule() -> None:
     assert model_input(PROMPT, _info(), ["markers=198"]) == embedded
     assert model_input(PROMPT, _info(), []) == PROMPT
     assert parse_variant("refreshed+markers=198") == ("refreshed", ["markers=198"])
+
+
+def test_span_bias_weighs_span_keys_for_rows_outside_the_span_only() -> None:
+    seen = visibility(PROMPT, _info(), [])
+    bias = attention_bias(PROMPT, _info(), ["span-bias=0.5"], seen)
+    assert bias[9, 5] == 0.5 and bias[9, 4] == 0.5  # the span's tokens and marker, from after the PDep
+    assert bias[6, 5] == 0.0 and bias[9, 0] == 0.0 and bias[9, 9] == 0.0  # inside the span; text outside spans
+    assert bias[6, 3] == float("-inf")  # what the rule hides stays hidden
+    assert attention_bias(PROMPT, _info(), [], seen)[9, 5] == 0.0
+    assert parse_variant("refreshed+span-bias=-0.5") == ("refreshed", ["span-bias=-0.5"])
