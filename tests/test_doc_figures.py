@@ -250,7 +250,7 @@ def test_scale_out_prose_figures_match_their_results() -> None:
 @pytest.mark.parametrize(
     "results",
     ["accuracy-emulation-smollm2-cpu.json", "accuracy-emulation-markers-smollm2-cpu.json",
-     "accuracy-emulation-bos-smollm2-cpu.json"],
+     "accuracy-emulation-bos-smollm2-cpu.json", "accuracy-emulation-span-bias-smollm2-cpu.json"],
 )
 def test_emulation_table_matches_its_results(results: str) -> None:
     """Each run's variants in docs/accuracy.md (a variant both runs have answers the same there:
@@ -279,6 +279,20 @@ def test_turn_start_markers_pairings_match_their_results() -> None:
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"refreshed heads turn {rh_gained} answers right and {rh_lost} wrong, Block-Attention {block_gained} "
             f"right and {block_lost} wrong") in doc
+
+
+def test_span_bias_pairings_match_their_results() -> None:
+    """docs/accuracy.md's paired counts of the +span-bias emulation against refreshed heads."""
+    verdicts = _result("accuracy-emulation-span-bias-smollm2-cpu.json")["verdicts"]
+
+    def against_refreshed(bias: str) -> tuple[int, int]:
+        pairs = list(zip(verdicts[f"refreshed+span-bias={bias}"], verdicts["refreshed"], strict=True))
+        return sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+
+    (up_right, up_wrong), (down_right, down_wrong) = against_refreshed("0.5"), against_refreshed("-0.5")
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"B = 0.5 turns {up_right} answers right and {up_wrong} wrong, B = -0.5 {down_right} right and "
+            f"{down_wrong} wrong") in doc
 
 
 def _markers_runs() -> tuple[list[dict], list[dict]]:
