@@ -309,15 +309,20 @@ def section_times(fa, fa_func, version, sections: set[str]) -> list[dict]:
         rows.append(timed_case("windowed_32x1k_spans", spans, fa, fa_func, version,
                                compare_full=Batch(LLAMA3, [(n, n)])))  # fmt: skip
     if "decode" in sections:
-        for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024)):
-            batch = Batch(LLAMA3, [(ctx, 1)] * reqs)
-            rows.append(timed_case(f"decode_{reqs}x{ctx}", batch, fa, fa_func, version))
-        moved = Batch(LLAMA3, [(4096, 1)] * 64, moved=200)  # decode after a final prompt over reused spans
-        rows.append(timed_case("decode_64x4096_moved", moved, fa, fa_func, version))
-        # The same over reused passages of 7 blocks, each moved by its own distance: 3 of 7 key tiles hold two.
-        spans = Batch(LLAMA3, [(4096, 1)] * 64, moved=196, moved_span=7)
-        rows.append(timed_case("decode_64x4096_moved_spans", spans, fa, fa_func, version))
+        for name, batch in decode_batches().items():
+            rows.append(timed_case(name, batch, fa, fa_func, version))
     return rows
+
+
+def decode_batches() -> dict[str, Batch]:
+    """The decode cases: three batch shapes at origin, then decode after a final prompt over
+    reused spans (200 blocks moved by one distance; 28 passages of 7 blocks, each moved by its
+    own, so 3 of every 7 key tiles hold two distances)."""
+    batches = {f"decode_{reqs}x{ctx}": Batch(LLAMA3, [(ctx, 1)] * reqs)
+               for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024))}  # fmt: skip
+    batches["decode_64x4096_moved"] = Batch(LLAMA3, [(4096, 1)] * 64, moved=200)
+    batches["decode_64x4096_moved_spans"] = Batch(LLAMA3, [(4096, 1)] * 64, moved=196, moved_span=7)
+    return batches
 
 
 def section_prefill_parts(fa, fa_func, version) -> list[dict]:
@@ -375,16 +380,10 @@ DECODE_CONFIGS = [(64, 2, 3), (64, 2, 4), (64, 2, 5), (64, 4, 3), (32, 2, 3), (1
 
 
 def section_decode_configs(fa, fa_func, version) -> list[dict]:
-    """The whole decode call at a few launch shapes (`DECODE_CONFIGS`, key splits auto), at
-    origin and over moved blocks (one distance, and passages each moved by its own), against
-    FA3 on keys in place: how the decode configuration of head size 128 was chosen."""
-    batches = {
-        "decode_64x4096": Batch(LLAMA3, [(4096, 1)] * 64),
-        "decode_8x32768": Batch(LLAMA3, [(32768, 1)] * 8),
-        "decode_256x1024": Batch(LLAMA3, [(1024, 1)] * 256),
-        "decode_64x4096_moved": Batch(LLAMA3, [(4096, 1)] * 64, moved=200),
-        "decode_64x4096_moved_spans": Batch(LLAMA3, [(4096, 1)] * 64, moved=196, moved_span=7),
-    }
+    """The whole decode call at a few launch shapes (`DECODE_CONFIGS`, key splits auto) on the
+    decode cases (`decode_batches`), against FA3 on keys in place: how the decode configuration
+    of head size 128 was chosen."""
+    batches = decode_batches()
     fa3_ms = {name: graph_ms(stock_fa(b, torch.empty_like(b.query), fa_func, version)) for name, b in batches.items()}
     rows = []
     for block_n, warps, stages in DECODE_CONFIGS:
