@@ -16,7 +16,8 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+pad=ID``: pads are token ``ID`` (an ordinary token) instead of the server's pad marker;
 - ``+markers=ID``: SSep, PDep and HSep are embedded as token ``ID`` (the rule still reads them);
 - ``+span-bias=B``: ``B`` added to the attention logits of every key inside a span, as seen from
-  rows outside that span (APE's scaling of parallel contexts: their softmax weights times e^B).
+  rows outside that span (APE's scaling of parallel contexts: their softmax weights times e^B);
+- ``+first-span-bias=B``: the same for the prompt's first span only.
 
     flock /tmp/minipic-test-server.lock .venv/bin/python benchmarks/accuracy_emulation.py \\
         --passages ../shared/data/2wiki_passages.json --questions 150 \\
@@ -50,7 +51,7 @@ from provenance import provenance
 
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
-CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=")
+CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=")
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
@@ -86,11 +87,19 @@ def _window_starts(ids: Sequence[int], info: ServerInfo) -> torch.Tensor:
 
 def attention_bias(ids: Sequence[int], info: ServerInfo, changes: Sequence[str], seen: torch.Tensor) -> torch.Tensor:
     """``[q, k]`` additive mask: -inf where ``seen`` is False, else 0 or, with ``span-bias=B``,
-    ``B`` on keys inside a span (window start > 0) for rows outside that span."""
-    bias = next((float(c.removeprefix("span-bias=")) for c in changes if c.startswith("span-bias=")), 0.0)
+    ``B`` on keys inside a span (window start > 0) for rows outside that span (with
+    ``first-span-bias=B``, inside the first span only)."""
     starts = _window_starts(ids, info)
     other_span = (starts[None, :] > 0) & (starts[:, None] != starts[None, :])
-    return torch.where(other_span, bias, 0.0).masked_fill(~seen, float("-inf"))
+    bias = torch.zeros(len(ids), len(ids))
+    for change in changes:
+        if change.startswith("span-bias="):
+            bias += torch.where(other_span, float(change.removeprefix("span-bias=")), 0.0)
+        elif change.startswith("first-span-bias="):
+            first = starts[starts > 0].min() if bool((starts > 0).any()) else -1
+            bias += torch.where(other_span & (starts[None, :] == first), float(change.removeprefix("first-span-bias=")),
+                                0.0)  # fmt: skip
+    return bias.masked_fill(~seen, float("-inf"))
 
 
 def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> torch.Tensor:

@@ -56,3 +56,11 @@ def test_span_bias_weighs_span_keys_for_rows_outside_the_span_only() -> None:
     assert bias[6, 3] == float("-inf")  # what the rule hides stays hidden
     assert attention_bias(PROMPT, _info(), [], seen)[9, 5] == 0.0
     assert parse_variant("refreshed+span-bias=-0.5") == ("refreshed", ["span-bias=-0.5"])
+
+
+def test_first_span_bias_weighs_the_first_span_only() -> None:
+    two_spans = PROMPT[:8] + [SSEP, TEXT, TEXT, PAD] + [PDEP, TEXT, TEXT, TEXT]
+    seen = visibility(two_spans, _info(), [])
+    bias = attention_bias(two_spans, _info(), ["first-span-bias=0.3"], seen)
+    assert bias[13, 5] == 0.3 and bias[13, 9] == 0.0  # the first span's keys, not the second's
+    assert bias[9, 9] == 0.0 and bias[13, 0] == 0.0
