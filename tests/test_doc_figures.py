@@ -250,7 +250,8 @@ def test_scale_out_prose_figures_match_their_results() -> None:
 @pytest.mark.parametrize(
     "results",
     ["accuracy-emulation-smollm2-cpu.json", "accuracy-emulation-markers-smollm2-cpu.json",
-     "accuracy-emulation-bos-smollm2-cpu.json", "accuracy-emulation-span-bias-smollm2-cpu.json"],
+     "accuracy-emulation-bos-smollm2-cpu.json", "accuracy-emulation-span-bias-smollm2-cpu.json",
+     "accuracy-emulation-first-span-bias-smollm2-cpu.json", "accuracy-emulation-first-span-bias-2-smollm2-cpu.json"],
 )
 def test_emulation_table_matches_its_results(results: str) -> None:
     """Each run's variants in docs/accuracy.md (a variant both runs have answers the same there:
@@ -293,6 +294,19 @@ def test_span_bias_pairings_match_their_results() -> None:
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"B = 0.5 turns {up_right} answers right and {up_wrong} wrong, B = -0.5 {down_right} right and "
             f"{down_wrong} wrong") in doc
+
+
+def test_first_span_bias_pairings_match_their_results() -> None:
+    """docs/accuracy.md's paired counts of the +first-span-bias runs against refreshed heads of
+    the span-bias run (the same questions: full attention's verdicts equal in all three runs)."""
+    reference = _result("accuracy-emulation-span-bias-smollm2-cpu.json")["verdicts"]
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    for name, bias in (("first-span-bias", "0.5"), ("first-span-bias", "1"), ("first-span-bias-2", "2")):
+        verdicts = _result(f"accuracy-emulation-{name}-smollm2-cpu.json")["verdicts"]
+        assert verdicts["full"] == reference["full"]
+        pairs = list(zip(verdicts[f"refreshed+first-span-bias={bias}"], reference["refreshed"], strict=True))
+        right, wrong = sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+        assert f"B = {bias}: {right} right, {wrong} wrong (p={mcnemar_exact(right, wrong):.2f})" in doc, bias
 
 
 def _markers_runs() -> tuple[list[dict], list[dict]]:
