@@ -41,6 +41,11 @@ def pct(value: float) -> str:
     return f"{value * 100:.1f}"
 
 
+def _discordant(pairs: list[tuple[bool, bool]]) -> tuple[int, int]:
+    """Of paired verdicts (this layout, the other): right only here, right only there."""
+    return sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+
+
 def test_accuracy_tables_match_their_results() -> None:
     """Each family table of docs/accuracy.md against the family-harness result named last before
     it; the steady column against the layout shares."""
@@ -275,7 +280,7 @@ def test_turn_start_markers_pairings_match_their_results() -> None:
     counts = []
     for layout in ("refreshed", "block"):
         pairs = list(zip(verdicts[f"{layout}+markers=1"], verdicts[layout], strict=True))
-        counts.append((sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)))
+        counts.append(_discordant(pairs))
     (rh_gained, rh_lost), (block_gained, block_lost) = counts
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"refreshed heads turn {rh_gained} answers right and {rh_lost} wrong, Block-Attention {block_gained} "
@@ -288,7 +293,7 @@ def test_span_bias_pairings_match_their_results() -> None:
 
     def against_refreshed(bias: str) -> tuple[int, int]:
         pairs = list(zip(verdicts[f"refreshed+span-bias={bias}"], verdicts["refreshed"], strict=True))
-        return sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+        return _discordant(pairs)
 
     (up_right, up_wrong), (down_right, down_wrong) = against_refreshed("0.5"), against_refreshed("-0.5")
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
@@ -305,7 +310,7 @@ def test_first_span_bias_pairings_match_their_results() -> None:
         verdicts = _result(f"accuracy-emulation-{name}-smollm2-cpu.json")["verdicts"]
         assert verdicts["full"] == reference["full"]
         pairs = list(zip(verdicts[f"refreshed+first-span-bias={bias}"], reference["refreshed"], strict=True))
-        right, wrong = sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+        right, wrong = _discordant(pairs)
         assert f"B = {bias}: {right} right, {wrong} wrong (p={mcnemar_exact(right, wrong):.2f})" in doc, bias
 
 
@@ -321,7 +326,7 @@ def test_markers_as_newline_comparison_matches_its_results() -> None:
     same_full = all(a["answers"]["full"]["text"] == b["answers"]["full"]["text"] for a, b in zip(with_flag, without))
     verdicts = [(a["answers"]["refreshed_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
                 for a, b in zip(with_flag, without, strict=True)]
-    gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+    gained, lost = _discordant(verdicts)
     p = mcnemar_exact(gained, lost)
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert same_full and "Full attention answered all 300 questions with the same text in both runs" in doc
@@ -384,7 +389,7 @@ def test_the_joined_heads_first_place_and_pairing_match_their_results() -> None:
     assert first[1] == _by_place("accuracy-families-smollm2-cpu-lead.json", ["lead_refreshed_heads"])[1][1]
     verdicts = [(a["answers"]["refreshed_heads_joined"]["correct"], b["answers"]["refreshed_heads"]["correct"])
                 for a, b in zip(joined, lead, strict=True)]
-    gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+    gained, lost = _discordant(verdicts)
     text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert f"It answers {first[1]} of the {first[0]} first-place questions, as `LeadInContext` does" in text
     assert f"{gained} answers turn right and {lost} wrong (exact McNemar p={mcnemar_exact(gained, lost):.2f})" in text
@@ -400,7 +405,7 @@ def test_the_text_lead_runs_places_and_pairing_match_their_results() -> None:
     others = [sum(places[p][i] for p in places if p > 1) for i in range(3)]
     verdicts = [(a["answers"]["lead_text_refreshed_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
                 for a, b in zip(text_lead, lead, strict=True)]
-    gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+    gained, lost = _discordant(verdicts)
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"It answers {places[1][2]} of the {places[1][0]} first-place questions (full attention {places[1][1]}, "
             f"refreshed heads {refreshed_first}), and {others[2]} of the {others[0]} others (full {others[1]})") in doc
@@ -427,7 +432,7 @@ def test_the_h200_run_of_1000_questions_by_place_and_pairings_match_its_results(
 
     def pairing(layout: str) -> tuple[int, int, float]:
         verdicts = [(q["answers"][layout]["correct"], q["answers"]["refreshed_heads"]["correct"]) for q in questions]
-        gained, lost = sum(a and not b for a, b in verdicts), sum(b and not a for a, b in verdicts)
+        gained, lost = _discordant(verdicts)
         return gained, lost, mcnemar_exact(gained, lost)
 
     gained, lost, p = pairing("lead_text_refreshed_heads")
