@@ -170,7 +170,7 @@ class Batch:
         s = self.shape
         return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_kind,
                           self.block_origin, self.misplaced, self.hidden, self.query_start_loc, self.seq_lens,
-                          self.window_starts, self.cos_sin, s.rotary_dim, s.is_neox, self.scale,
+                          self.window_starts, self.cos_sin.to(s.dtype), s.rotary_dim, s.is_neox, self.scale,
                           max(n for n, _ in self.reqs))  # fmt: skip
 
     def reference(self) -> torch.Tensor:
@@ -342,7 +342,7 @@ def section_prefill_parts(fa, fa_func, version) -> list[dict]:
             if scratch is not None:
                 row["move_pass_ms"] = graph_ms(functools.partial(
                     rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin,
-                    batch.seq_lens, scratch.block_pages, batch.cos_sin, s.rotary_dim, s.is_neox,
+                    batch.seq_lens, scratch.block_pages, batch.cos_sin.to(s.dtype), s.rotary_dim, s.is_neox,
                     num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
             row["ratio"] = row["whole_ms"] / row["fa3_ms"]
             print(json.dumps(row), flush=True)

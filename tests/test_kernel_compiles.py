@@ -46,13 +46,13 @@ def test_write_kv_compiles_for_sm90(dtype: str, is_neox: bool) -> None:
 def test_rotate_into_pages_compiles_for_sm90(dtype: str) -> None:
     constants = dict(NUM_KV_HEADS=8, HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, KV_BLOCK_SIZE=16)
     pointers = {name: "*i32" for name in ("block_table_ptr", "block_origin_ptr", "seq_lens_ptr", "block_pages_ptr")}
-    assert _ptx(rotary_pages._rotate_into_pages_kernel, dtype, constants, {**pointers, "cos_sin_ptr": "*fp32"})
+    assert _ptx(rotary_pages._rotate_into_pages_kernel, dtype, constants, pointers)  # the table in the cache's dtype
 
 
 @pytest.mark.parametrize("move", [False, True])
 def test_decode_attention_compiles_for_sm90(move: bool) -> None:
     """The decode launch as a Llama-3-8B server runs it in bf16, at its default configuration: at
-    origin, and over moved blocks (key tiles rotated by pair halves)."""
+    origin, and over moved blocks (key tiles rotated by pair halves, in bf16 with a bf16 table)."""
     from minipic_kernels import triton_attention
 
     constants = dict(
@@ -65,7 +65,7 @@ def test_decode_attention_compiles_for_sm90(move: bool) -> None:
     pointers = {
         **{name: "*i32" for name in int_pointers},
         **{name: "*i8" for name in ("block_kind_ptr", "req_moved_ptr", "req_hidden_ptr")},
-        **{name: "*fp32" for name in ("cos_sin_ptr", "part_acc_ptr", "part_ml_ptr")},
+        **{name: "*fp32" for name in ("part_acc_ptr", "part_ml_ptr")},  # the table in the cache's dtype (bf16)
         "qk_scale": "fp32",
     }
     cfg = triton_attention.decode_config(128)

@@ -252,6 +252,9 @@ def paged_rope_attention(
     (`misplaced_requests`) and ``hidden`` (`requests_with_hidden`) may be passed when the
     caller derived them once for the step.
     ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
+    Moved keys are rotated with ``cos_sin`` in the key cache's dtype, as vLLM's RoPE rotates
+    keys with its table in the model's; pass it so (`RopeSpec.unit_cos_sin_in`) to spare a
+    conversion per call.
     """
     num_tokens, num_q_heads, head_size = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -259,6 +262,7 @@ def paged_rope_attention(
         output = torch.empty_like(query)
     if num_tokens == 0:
         return output
+    cos_sin = cos_sin.to(key_cache.dtype)
     if window_starts is None:
         window_starts = window_starts_per_block(block_table, block_kind, block_size)
     if moved is None:

@@ -140,13 +140,14 @@ def _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_p
                 TILE_ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """cos and sin of each key's shift (its block's distance from its origin, 0 at origin) at
     the table columns ``column`` (``WIDTH`` of them; masked columns: cos 1, sin 0),
-    ``[BLOCK_N, WIDTH]`` fp32: one table row per block of the tile, broadcast to its keys. The
-    table holds positive shifts; a negative one negates the sine."""
+    ``[BLOCK_N, WIDTH]`` in the table's dtype: one table row per block of the tile, broadcast
+    to its keys. The table holds positive shifts; a negative one negates the sine."""
     logical, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
     shift = tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
     table = cos_sin_ptr + tl.abs(shift)[:, None] * stride_cs + column[None, :]
     cos = tl.load(table, mask=col_ok[None, :], other=1.0)
-    sin = tl.load(table + ROT_HALF, mask=col_ok[None, :], other=0.0) * tl.where(shift < 0, -1.0, 1.0)[:, None]
+    sin = tl.load(table + ROT_HALF, mask=col_ok[None, :], other=0.0)
+    sin = tl.where((shift < 0)[:, None], -sin, sin)
     return _per_key(cos, TILE_BLOCKS, TILE_ROWS, WIDTH), _per_key(sin, TILE_BLOCKS, TILE_ROWS, WIDTH)
 
 
@@ -171,14 +172,17 @@ def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, b
                  KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
     """Scores ``q . k`` of one key tile (fp32), with ``MOVE`` each key rotated by its block's
-    shift first (fp32 math, the cache's dtype into the dot).
+    shift first (the cache's dtype into the dot).
 
     ``PAIR_HALVES`` (``MOVE`` where the whole head rotates: Llama, Qwen): the tile is loaded
-    as its two pair halves (`_pair_lanes`), each lane once, rotated pair by pair, and scored
-    half by half against the query's halves ``q_first``/``q_second`` (the sum of the two dots
-    is the dot over the head). Otherwise (partial rotary) a moved tile gathers each lane's
-    partner a second time: lanes past ``rotary_dim`` do not rotate, so the head has no two
-    halves.
+    as its two pair halves (`_pair_lanes`), each lane once, rotated pair by pair in the table's
+    dtype (the cache's, as `paged_rope_attention` passes it: bf16 math and table rows read
+    from shared memory at half the fp32 width took decode over moved blocks from 1.13x to
+    1.03x FA3's time on the H200, benchmarks/results/attention-h200-decode-rotation-dtype.json),
+    and scored half by half against the query's halves
+    ``q_first``/``q_second`` (the sum of the two dots is the dot over the head). Otherwise
+    (partial rotary) a moved tile gathers each lane's partner a second time, in fp32: lanes
+    past ``rotary_dim`` do not rotate, so the head has no two halves.
     """
     if PAIR_HALVES:
         first, second = _pair_lanes(ROT_HALF, IS_NEOX)
@@ -188,9 +192,8 @@ def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, b
                                ROT_HALF)  # fmt: skip
         a = _load_rows(k_rows, first, stride_kd, key_ok, every)
         b = _load_rows(k_rows, second, stride_kd, key_ok, every)
-        a32, b32 = a.to(tl.float32), b.to(tl.float32)
-        k_first = (a32 * cos - b32 * sin).to(a.dtype)
-        k_second = (b32 * cos + a32 * sin).to(a.dtype)
+        k_first = (a * cos - b * sin).to(a.dtype)
+        k_second = (b * cos + a * sin).to(a.dtype)
         qk = tl.dot(q_first, tl.trans(k_first), input_precision=DOT_PRECISION)
         qk = tl.dot(q_second, tl.trans(k_second), qk, input_precision=DOT_PRECISION)
     else:
@@ -523,7 +526,7 @@ class TileLaunch:
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     window_starts: torch.Tensor
-    cos_sin: torch.Tensor
+    cos_sin: torch.Tensor  # the unit rotation table, in the key cache's dtype (`paged_rope_attention`)
     rotary_dim: int  # 0: keys already where this launch reads them
     is_neox: bool
     scale: float

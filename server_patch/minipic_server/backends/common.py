@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -23,6 +23,15 @@ class RopeSpec:
     unit_cos_sin: torch.Tensor  # (max_positions, rotary_dim) float32, cat(cos, sin), pairs of length 1
     rotary_dim: int
     is_neox: bool
+    _in_dtype: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def unit_cos_sin_in(self, dtype: torch.dtype) -> torch.Tensor:
+        """`unit_cos_sin` in ``dtype`` (the KV cache's), which attention rotates moved keys
+        with. Made once per dtype; the CUDA warm-up makes the model's before any CUDA graph
+        is captured (`warmup_hook`)."""
+        if dtype not in self._in_dtype:
+            self._in_dtype[dtype] = self.unit_cos_sin.to(dtype)
+        return self._in_dtype[dtype]
 
 
 @dataclass
