@@ -129,6 +129,7 @@ class Batch:
         qkv = torch.randn(num_tokens, width, generator=g).to(s.dtype).to(DEVICE)
         self.query = qkv[:, : s.num_q_heads * s.head_size].view(num_tokens, s.num_q_heads, s.head_size)
         self.cos_sin = cos_sin_table(s, max(n for n, _ in self.reqs) + 256)
+        self.key_cos_sin = self.cos_sin.to(s.dtype)  # what attention reads, as the server passes it
         self.scale = s.head_size**-0.5
         self.window_starts = window_starts_per_block(self.block_table, self.block_kind, bs)
         self.hidden_blocks = hidden_per_block(self.block_table, self.block_kind)
@@ -161,8 +162,8 @@ class Batch:
     def ours(self, out: torch.Tensor, fa, *, budget: int = 1 << 30, decode: AttentionConfig | None = None):
         plan = self.plan(budget)
         return lambda: paged_rope_attention(
-            **self.args(), output=out, plan=plan, window_starts=self.window_starts, moved=self.misplaced,
-            hidden=self.hidden, paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
+            **{**self.args(), "cos_sin": self.key_cos_sin}, output=out, plan=plan, window_starts=self.window_starts,
+            moved=self.misplaced, hidden=self.hidden, paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
         )  # fmt: skip
 
     def tile_launch(self) -> TileLaunch:
@@ -170,7 +171,7 @@ class Batch:
         s = self.shape
         return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_kind,
                           self.block_origin, self.misplaced, self.hidden, self.query_start_loc, self.seq_lens,
-                          self.window_starts, self.cos_sin.to(s.dtype), s.rotary_dim, s.is_neox, self.scale,
+                          self.window_starts, self.key_cos_sin, s.rotary_dim, s.is_neox, self.scale,
                           max(n for n, _ in self.reqs))  # fmt: skip
 
     def reference(self) -> torch.Tensor:
@@ -342,7 +343,7 @@ def section_prefill_parts(fa, fa_func, version) -> list[dict]:
             if scratch is not None:
                 row["move_pass_ms"] = graph_ms(functools.partial(
                     rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin,
-                    batch.seq_lens, scratch.block_pages, batch.cos_sin.to(s.dtype), s.rotary_dim, s.is_neox,
+                    batch.seq_lens, scratch.block_pages, batch.key_cos_sin, s.rotary_dim, s.is_neox,
                     num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
             row["ratio"] = row["whole_ms"] / row["fa3_ms"]
             print(json.dumps(row), flush=True)
