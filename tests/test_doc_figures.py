@@ -122,6 +122,7 @@ def test_benchmark_tables_are_printed_from_their_results() -> None:
 ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
 INLINE = "minipic ISPS inline spans, max-num-seqs 256"
 LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
+TABLE1_32 = "served-h200-table1-72ee0db-32-tokens.json"  # the same at 32 generated tokens, a later kernel
 
 
 def _table1_medians(name: str, configuration: str) -> dict[int, dict]:
@@ -176,9 +177,7 @@ def _readme_figures() -> list[str]:
     at_32 = [r for r in spans["figure2"] if r["k"] == 32]
     cached = statistics.median(r["pic_cached_ttft_s"] for r in at_32 if "pic_cached_ttft_s" in r)
     uncached = statistics.median(r["stock_uncached_ttft_s"] for r in at_32 if "stock_uncached_ttft_s" in r)
-    moved = [r["ratio"] for r in _result("attention-h200-f1c082d-decode-configs.json")["decode_configs"]
-             if r["case"] == "decode_64x4096_moved" and (r["config"]["block_n"], r["config"]["num_warps"],
-                                                         r["config"]["num_stages"]) == (64, 2, 4)][-1]  # 10f35f5's
+    moved = _moved_decode(ROTATION_DTYPES["bf16_math_bf16_table"]["runs"][0])["decode_64x4096_moved"]
     replicas = _result("replicas-h200-7139fcd.json")["summary"]
     warm = _result("load-h200-warm-a4f782a.json")["goal"]
     floor = statistics.median(r["stock_cached_ttft_s"] for r in _result("served-figure2-h200-7139fcd.json")["figure2"]
@@ -186,14 +185,14 @@ def _readme_figures() -> list[str]:
     return [
         f"which takes {floor:.3f} s to answer the same 32-document prompt fully cached",
         f"**{_ratio(LATEST, f'{ISPS}, refreshed-heads', 1)}** stock's samples/s (median of 3 runs, commit 8b98355; "
-        f"{_ratio('served-h200-refreshed-heads.json', ISPS, 32)} with 32 generated tokens on commit 8f4689f",
-        f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio('served-h200.json', ISPS, 1)}, and "
-        f"{_ratio('served-h200.json', ISPS, 32)} with 32 generated tokens, on commit 99f8fb0)",
+        f"{_ratio(TABLE1_32, f'{ISPS}, refreshed-heads', 32)} with 32 generated tokens on commit 72ee0db",
+        f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio(TABLE1_32, f'{ISPS}, block', 32)} with 32 "
+        f"generated tokens on commit 72ee0db; {_ratio('served-h200.json', ISPS, 1)} on commit 99f8fb0)",
         f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
         f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
         f"Attention takes {_attention_range('attention-h200-a4b6f6a-hidden-mask.json', 'prefill_')} FA3's time",
         f"and {_attention_range('attention-h200-f84bf1a-decode.json', 'decode_')} for decode (commit f84bf1a), "
-        f"{moved:.2f}x when decoding over moved blocks (commit 10f35f5)",
+        f"{moved:.2f}x when decoding over moved blocks (the kernel of commit 847e3e9)",
         f"hit {replicas['placement_over_one_replica_hit_rate']:.0%} of the spans",
         f"run {replicas['placement_over_round_robin_samples_per_s']:.2f}x the samples/s",
         f"TTFT is **{warm['ttft_p99_ratio']:.2f}x** lower than stock's at the rate where stock's passes "
@@ -639,17 +638,52 @@ def test_the_prefix_sink_synthetic_run_matches_its_results() -> None:
             f"{won['refreshed_heads']:.0f}%") in text
 
 
+def _moved_decode(run: dict) -> dict[str, float]:
+    """A kernel run's decode cases over moved blocks: case -> time over FA3's."""
+    return {t["case"]: t["ratio"] for t in run["times"] if t["case"].startswith("decode_") and "moved" in t["case"]}
+
+
+def _moved_pair(run: dict) -> str:
+    ratio = _moved_decode(run)
+    return f"{ratio['decode_64x4096_moved']:.2f} / {ratio['decode_64x4096_moved_spans']:.2f}"
+
+
 def test_decode_variant_figures_match_their_results() -> None:
     """The five decode variants of docs/benchmarks.md ("Latest: decode over moved blocks"),
     moved / moved spans against FA3, as their result file gives them."""
     variants = _result("attention-h200-decode-variants.json")["variants"]
-
-    def pair(name: str) -> str:
-        ratio = {t["case"]: t["ratio"] for t in variants[name]["times"]}
-        return f"{ratio['decode_64x4096_moved']:.2f} / {ratio['decode_64x4096_moved_spans']:.2f}"
-
     doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
     for name, words in (("v_old", "keys rotated per tile as before **{}**"), ("v_qrun", "rotated per run of shifts {}"),
                         ("v_qblock", "branch-free {}"), ("v_keygather", "broadcast {}"),
                         ("v_shiftgather", "shift table {}")):  # fmt: skip
-        assert words.format(pair(name)) in doc, name
+        assert words.format(_moved_pair(variants[name])) in doc, name
+
+
+ROTATION_DTYPES = _result("attention-h200-decode-rotation-dtype.json")["variants"]
+
+
+def test_rotation_dtype_figures_match_their_results() -> None:
+    """docs/benchmarks.md's decode over moved blocks by the dtype moved keys are rotated in
+    (moved / moved spans against FA3, each run of each variant with a decode section)."""
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    for name, words in (("fp32_math", "fp32 with the fp32 table (the kernel before) {}"),
+                        ("bf16_math_fp32_table", "bf16 arithmetic, the fp32 table's rows converted {}"),
+                        ("bf16_math_bf16_table", "bf16 arithmetic with the table in bf16 **{}**")):  # fmt: skip
+        runs = [run for run in ROTATION_DTYPES[name]["runs"] if "times" in run and _moved_decode(run)]
+        assert words.format(" and ".join(_moved_pair(run) for run in runs)) in doc, name
+
+
+def test_table1_decode_cost_estimate_matches_its_results() -> None:
+    """docs/benchmarks.md's estimate of what 31 more decode steps cost a sample (ms per sample
+    from the medians at 1 token on 8b98355 and at 32 on 72ee0db), and the kernel's error figures."""
+    ms = {(name, tokens): 1e3 / _table1_medians(source, name)[tokens]["samples_per_s"]
+          for name in (STOCK_FA3, f"{ISPS}, block") for source, tokens in ((LATEST, 1), (TABLE1_32, 32))}  # fmt: skip
+    stock, block = ((ms[name, 1], ms[name, 32]) for name in (STOCK_FA3, f"{ISPS}, block"))
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    assert (f"add about {stock[1] - stock[0]:.1f} ms a sample to stock ({stock[0]:.1f} -> {stock[1]:.1f} ms) and "
+            f"{block[1] - block[0]:.1f} ms to Block-Attention ({block[0]:.1f} -> {block[1]:.1f} ms)") in doc
+    assert f"would reach about {stock[1] / (block[0] + stock[1] - stock[0]):.2f}x" in doc
+    worst = {name: max(c["rel_l2"] for c in ROTATION_DTYPES[name]["runs"][0]["correctness"])
+             for name in ("fp32_math", "bf16_math_fp32_table")}  # fmt: skip
+    assert (f"worst relative L2 error of {worst['fp32_math']:.1e} with fp32 arithmetic and "
+            f"{worst['bf16_math_fp32_table']:.1e} with bf16 arithmetic") in doc
