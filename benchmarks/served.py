@@ -26,7 +26,10 @@ Measurements (each a list in the JSON, drawn by `benchmarks/plot.py`):
 - ``jit``: lines of vLLM's JIT monitor logged after the server was ready (must be none).
 
 A server's log goes next to the JSON; ``--profile`` attaches py-spy to each `minipic
-serve` (API server and engine core) during its ISPS run.
+serve` (API server and engine core) during its ISPS run; ``--gpu-profile`` adds to each
+Table 1 row and max_tokens one more run, not counted, under vLLM's torch profiler
+(`gpu_profile.py`): ``gpu_profiles`` in the JSON, each kernel's GPU time over a window of
+engine steps, for stock and MiniPIC alike.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_profile  # noqa: E402
 from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
 from minipic_client import SpanClient  # noqa: E402
@@ -115,10 +119,14 @@ ROWS = {
 def running(server: Server, args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen, Path]]:
     port = free_port()
     log = args.out.parent / f"{args.out.stem}-{server.name}.log"
+    extra = list(args.server_arg)
+    if args.gpu_profile:
+        profile_dir(server, args).mkdir(parents=True, exist_ok=True)
+        extra += gpu_profile.server_flags(profile_dir(server, args), args.gpu_profile_delay, args.gpu_profile_steps)
     started = time.perf_counter()
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            server.argv(args.model, args.tokenizer, port, args.server_arg), stdout=sink,
+            server.argv(args.model, args.tokenizer, port, extra), stdout=sink,
             stderr=subprocess.STDOUT, env=server.env(), start_new_session=True,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -128,6 +136,10 @@ def running(server: Server, args: argparse.Namespace) -> Iterator[tuple[str, sub
         yield url, process, log
     finally:
         stop(process)
+
+
+def profile_dir(server: Server, args: argparse.Namespace) -> Path:
+    return args.out.parent / f"{args.out.stem}-{server.name}-torch-profile"
 
 
 async def reset_cache(url: str) -> None:
@@ -392,14 +404,21 @@ async def measure_server(
                 if server.pic and strategy.value not in args.strategies:
                     continue
                 row_name = f"{name}, {layout}" if len(layouts) > 1 else name
-                for (max_tokens, requests), repeat in itertools.product(requests_by_tokens.items(),
-                                                                        range(args.repeats)):
-                    profile = args.profile and server.pic and strategy is Strategy.ISPS and max_tokens == 1
-                    path = args.out.parent / f"{args.out.stem}-{server.name}-{layout or 'default'}-pyspy.txt"
-                    with profiled(process, path, args.profile_seconds, profile and repeat == 0):
-                        row = await table1_row(url, server, row_name, strategy, requests, args, repeat, layout)
-                    result["table1"].append(row)
-                    save()
+                for max_tokens, requests in requests_by_tokens.items():
+                    for repeat in range(args.repeats):
+                        profile = args.profile and server.pic and strategy is Strategy.ISPS and max_tokens == 1
+                        path = args.out.parent / f"{args.out.stem}-{server.name}-{layout or 'default'}-pyspy.txt"
+                        with profiled(process, path, args.profile_seconds, profile and repeat == 0):
+                            row = await table1_row(url, server, row_name, strategy, requests, args, repeat, layout)
+                        result["table1"].append(row)
+                        save()
+                    if args.gpu_profile:
+                        await gpu_profile.start(url)
+                        await table1_row(url, server, row_name, strategy, requests, args, args.repeats, layout)
+                        table = await gpu_profile.stop_and_read(url, profile_dir(server, args))
+                        result["gpu_profiles"].append({"server": server.name, "row": row_name,
+                                                       "max_tokens": max_tokens, **table})  # fmt: skip
+                        save()
         if server.name in ("stock", "stock-fa3", "pic-256"):
             if "figure2" in args.parts:
                 result["figure2"] += await figure2(url, server, docs_1k, args)
@@ -437,6 +456,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "unique_document_fraction": len(set(documents)) / len(documents),
         "unique_token_ceiling_samples_per_s": UNIQUE_TOKEN_CEILING,
         "table1": [], "span_prefills": [], "figure2": [], "long_spans": [], "small_requests": [], "jit": [],
+        "gpu_profiles": [],
     }  # fmt: skip
     try:
         import torch
@@ -488,6 +508,10 @@ def main() -> None:
     parser.add_argument("--long-doc-tokens", type=int, default=4096)
     parser.add_argument("--profile", action="store_true", help="py-spy the ISPS run of each minipic server")
     parser.add_argument("--profile-seconds", type=int, default=20)
+    parser.add_argument("--gpu-profile", action="store_true",
+                        help="one more run per Table 1 row and max_tokens under vLLM's torch profiler")
+    parser.add_argument("--gpu-profile-delay", type=int, default=20, help="engine steps skipped first")
+    parser.add_argument("--gpu-profile-steps", type=int, default=100, help="engine steps profiled")
     parser.add_argument("--small-requests", type=int, default=600)
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,8 @@ def served(data: dict) -> Iterator[str]:
         yield from _table1(rows)
     if data.get("span_prefills"):
         yield from _span_prefills(data["span_prefills"])
+    if data.get("gpu_profiles"):
+        yield from _gpu_profiles(data["gpu_profiles"])
     yield from _figure2_and_others(data)
 
 
@@ -74,6 +76,18 @@ def _span_prefills(rows: list[dict]) -> Iterator[str]:
                    f"{r['computed_tokens_per_s']:,.0f}", f"**{computed:.2f}x**", f"{r['passage_tokens_per_s']:,.0f}",
                    f"{passage:.2f}x"))  # fmt: skip
     yield ""
+
+
+def _gpu_profiles(profiles: list[dict], top: int = 12) -> Iterator[str]:
+    """Per profiled run (`gpu_profile.py`): its costliest operators, their time and share of the window."""
+    for p in profiles:
+        yield f"{p['server']}, {p['row']}, max_tokens {p['max_tokens']}: {p['total_us'] / 1e3:,.1f} ms of {p['device']}"
+        yield _row("operator", f"self {p['device']} (ms)", "share", "calls")
+        yield _row(*["---"] * 4)
+        for op in p["ops"][:top]:
+            yield _row(f"`{op['name']}`", f"{op['self_us'] / 1e3:,.1f}", f"{op['self_us'] / p['total_us']:.1%}",
+                       op["calls"])  # fmt: skip
+        yield ""
 
 
 def _figure2_and_others(data: dict) -> Iterator[str]:
