@@ -1,5 +1,5 @@
-"""The cache-write and scratch-page kernels (bf16 and fp16) and the decode attention launch
-(bf16) compile for the H200 (sm_90), here, without a GPU.
+"""The cache-write and scratch-page kernels (bf16 and fp16) and the decode and prefill attention
+launches (bf16) compile for the H200 (sm_90), here, without a GPU.
 
 `TRITON_INTERPRET=1` (tests/test_triton_kernel.py) runs kernels in numpy, which accepts
 programs the compiler refuses (a variable changing dtype inside a branch); Triton's own
@@ -49,25 +49,39 @@ def test_rotate_into_pages_compiles_for_sm90(dtype: str) -> None:
     assert _ptx(rotary_pages._rotate_into_pages_kernel, dtype, constants, pointers)  # the table in the cache's dtype
 
 
+_ATTENTION_POINTERS = {
+    **{name: "*i32" for name in ("block_table_ptr", "block_origin_ptr", "query_start_loc_ptr", "seq_lens_ptr",
+                                 "window_starts_ptr", "req_flags_ptr")},
+    **{name: "*i8" for name in ("block_kind_ptr", "req_moved_ptr", "req_hidden_ptr")},
+    **{name: "*fp32" for name in ("part_acc_ptr", "part_ml_ptr")},  # the table is in the cache's dtype (bf16)
+    "qk_scale": "fp32",
+}  # fmt: skip
+_LLAMA3 = dict(HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, GROUP=4, GROUP_P=4, KV_BLOCK_SIZE=16,
+               DOT_PRECISION="tf32")  # fmt: skip
+
+
 @pytest.mark.parametrize("move", [False, True])
 def test_decode_attention_compiles_for_sm90(move: bool) -> None:
     """The decode launch as a Llama-3-8B server runs it in bf16, at its default configuration: at
     origin, and over moved blocks (key tiles rotated by pair halves, in bf16 with a bf16 table)."""
     from minipic_kernels import triton_attention
 
-    constants = dict(
-        HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, GROUP=4, GROUP_P=4, KV_BLOCK_SIZE=16, BLOCK_M=16,
-        BLOCK_Q=1, BLOCK_N=64, TILE_BLOCKS=4, MOVE=move, PAIR_HALVES=move, DECODE=True, SKIP_QLEN_LE=0,
-        USE_FLAGS=False, USE_SPLITS=True, DOT_PRECISION="tf32",
-    )  # fmt: skip
-    int_pointers = ("block_table_ptr", "block_origin_ptr", "query_start_loc_ptr", "seq_lens_ptr",
-                    "window_starts_ptr", "req_flags_ptr")  # fmt: skip
-    pointers = {
-        **{name: "*i32" for name in int_pointers},
-        **{name: "*i8" for name in ("block_kind_ptr", "req_moved_ptr", "req_hidden_ptr")},
-        **{name: "*fp32" for name in ("part_acc_ptr", "part_ml_ptr")},  # the table in the cache's dtype (bf16)
-        "qk_scale": "fp32",
-    }
     cfg = triton_attention.decode_config(128)
-    assert _ptx(triton_attention._attention_kernel, "bf16", constants, pointers, num_warps=cfg.num_warps,
+    constants = dict(_LLAMA3, BLOCK_M=16, BLOCK_Q=1, BLOCK_N=cfg.block_n, TILE_BLOCKS=cfg.block_n // 16, MOVE=move,
+                     PAIR_HALVES=move, USE_SPLITS=True)  # fmt: skip
+    assert _ptx(triton_attention._decode_kernel, "bf16", constants, _ATTENTION_POINTERS, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
+
+
+@pytest.mark.parametrize("move", [False, True])
+def test_prefill_attention_compiles_for_sm90(move: bool) -> None:
+    """The tile launch (prefill with windows, hidden heads, or moved keys over the scratch budget)
+    as a Llama-3-8B server runs it in bf16, at its default configuration."""
+    from minipic_kernels import triton_attention
+
+    cfg = triton_attention.prefill_config(128)
+    constants = dict(_LLAMA3, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // 4, BLOCK_N=cfg.block_n,
+                     TILE_BLOCKS=cfg.block_n // 16, MOVE=move, PAIR_HALVES=move, SKIP_QLEN_LE=4,
+                     USE_FLAGS=True)  # fmt: skip
+    assert _ptx(triton_attention._prefill_kernel, "bf16", constants, _ATTENTION_POINTERS, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages)

@@ -477,7 +477,8 @@ class _LaunchRecorder:
         return launch
 
 
-KERNELS = ((triton_attention, "_attention_kernel"), (triton_attention, "_merge_splits_kernel"),
+KERNELS = ((triton_attention, "_decode_kernel"), (triton_attention, "_prefill_kernel"),
+           (triton_attention, "_merge_splits_kernel"),
            (rotary_pages, "_rotate_into_pages_kernel"), (kv_write, "_write_kv_kernel"))  # fmt: skip
 
 

@@ -12,15 +12,16 @@ model, ``PAIR_HALVES``) the moved loop loads each key tile as its two rotary-pai
 and scores them half by half, so each key lane is read once; with partial rotary it
 gathers each lane's rotary partner a second time.
 
-One kernel body, two launch shapes (the `launch` function picks one):
+Two entry points share one body (`_attend_rows`, around one inner loop, `_attend_keys`);
+`launch` picks one:
 
-* **decode**: one program per (request, kv head, key split) for requests with at most
+* `_decode_kernel`: one program per (request, kv head, key split) for requests with at most
   `decode_query_limit` query tokens; the key range is split across programs whose partial
   softmax states `_merge_splits_kernel` combines (flash-decoding). K/V go from the cache
   straight into the dot.
-* **tiles**: programs over query tiles of the requests a per-request flag selects; the
-  tile -> request map is a binary search over ``query_start_loc`` inside the kernel, so
-  the grid is an upper bound from host ints.
+* `_prefill_kernel` (the tile launch): programs over query tiles of the requests a
+  per-request flag selects; the tile -> request map is a binary search over
+  ``query_start_loc`` inside the kernel, so the grid is an upper bound from host ints.
 
 Query rows are *packed by GQA group* (tokens x heads per tile), so each key/value tile is
 loaded once per kv head. The key range of a tile runs from the lowest window start of its
@@ -57,26 +58,20 @@ _HIDDEN_KIND = tl.constexpr(int(BlockKind.HSEP))
 
 
 @triton.jit
-def _locate_tile(pid, query_start_loc_ptr, num_reqs, BLOCK_Q: tl.constexpr, DECODE: tl.constexpr):
-    """(request, query tile within it) of a program.
-
-    Tile launch: request ``r`` owns programs from ``query_start_loc[r] // BLOCK_Q + r``
-    on; that sequence is increasing, so a binary search finds the owner.
-    """
-    if DECODE:
-        req = pid
-        tile = pid * 0
-    else:
-        lo = pid * 0
-        hi = num_reqs - 1 + pid * 0
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
-            go_right = first_tile <= pid
-            lo = tl.where(go_right, mid, lo)
-            hi = tl.where(go_right, hi, mid - 1)
-        req = lo
-        tile = pid - (tl.load(query_start_loc_ptr + req) // BLOCK_Q + req)
+def _locate_tile(pid, query_start_loc_ptr, num_reqs, BLOCK_Q: tl.constexpr):
+    """(request, query tile within it) of a tile-launch program: request ``r`` owns programs
+    from ``query_start_loc[r] // BLOCK_Q + r`` on; that sequence is increasing, so a binary
+    search finds the owner."""
+    lo = pid * 0
+    hi = num_reqs - 1 + pid * 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first_tile = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        go_right = first_tile <= pid
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid - 1)
+    req = lo
+    tile = pid - (tl.load(query_start_loc_ptr + req) // BLOCK_Q + req)
     return req, tile
 
 
@@ -282,54 +277,22 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
              mask=row_ok[:, None] & (offs_d < HEAD)[None, :])
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr"])
-def _attention_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, req_hidden_ptr,
-    query_start_loc_ptr,
-    seq_lens_ptr, window_starts_ptr, req_flags_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr,
-    qk_scale, num_reqs, num_splits,
+@triton.jit
+def _attend_rows(
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
+    window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile, q_begin, q_len, kv_head, split, slot,
+    qk_scale, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
-    HEAD: tl.constexpr,  # head size
-    HEAD_P: tl.constexpr,  # head size rounded up to a power of two
-    ROT_HALF: tl.constexpr,  # rotary_dim // 2; 0 when keys are already where they are read
-    IS_NEOX: tl.constexpr,
-    GROUP: tl.constexpr,  # query heads per kv head
-    GROUP_P: tl.constexpr,
-    KV_BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # query rows per tile: BLOCK_Q tokens x GROUP_P heads (+ padding)
-    BLOCK_Q: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # keys per tile
-    TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
-    MOVE: tl.constexpr,  # this launch takes the requests reading a block away from its origin
-    PAIR_HALVES: tl.constexpr,  # MOVE with the whole head rotating: keys by pair halves (`_tile_scores`)
-    DECODE: tl.constexpr,  # decode launch: program x = request with q_len <= BLOCK_Q
-    SKIP_QLEN_LE: tl.constexpr,  # tile launch: requests with q_len <= this belong to decode
-    USE_FLAGS: tl.constexpr,  # tile launch: only requests whose flag is set
-    USE_SPLITS: tl.constexpr,  # write partial softmax states for _merge_splits_kernel
-    DOT_PRECISION: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    if not DECODE:
-        pid = tl.num_programs(0) - 1 - pid  # the longest (last) query tiles first
-    req, tile = _locate_tile(pid, query_start_loc_ptr, num_reqs, BLOCK_Q, DECODE)
-    q_begin = tl.load(query_start_loc_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
-    if DECODE:
-        if (q_len > BLOCK_Q) | (q_len == 0):
-            return
-    else:
-        if (q_len <= SKIP_QLEN_LE) | (tile * BLOCK_Q >= q_len):
-            return
-        if USE_FLAGS:
-            if tl.load(req_flags_ptr + req) == 0:
-                return
-    if ROT_HALF > 0:
-        if (tl.load(req_moved_ptr + req) != 0) != MOVE:  # the other variant's request
-            return
+    HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
+    USE_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The body both entry points share: query tile ``tile`` of request ``req`` against one
+    kv head's keys (split ``split`` of ``num_splits``, with ``USE_SPLITS`` a partial softmax
+    state written at ``slot`` for `_merge_splits_kernel`), each row within its window."""
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
 
@@ -373,13 +336,110 @@ def _attention_kernel(
     )  # fmt: skip
 
     if USE_SPLITS:
-        slot = ((pid * tl.num_programs(1) + kv_head) * num_splits + split).to(tl.int64)
+        slot = slot.to(tl.int64)
         tl.store(part_acc_ptr + slot * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :], acc)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + offs_m, m_i)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + BLOCK_M + offs_m, l_i)
     else:
         _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, stride_oh, stride_od,
                     HEAD, HEAD_P, GROUP, GROUP_P, BLOCK_Q, BLOCK_M)  # fmt: skip
+
+
+@triton.jit
+def _other_variant(req_moved_ptr, req, ROT_HALF: tl.constexpr, MOVE: tl.constexpr):
+    """Whether ``req`` belongs to the other compiled variant of its launch: the moved loop
+    (``MOVE``) takes the requests reading a block away from its origin, the plain one the rest."""
+    if ROT_HALF > 0:
+        return (tl.load(req_moved_ptr + req) != 0) != MOVE
+    return False
+
+
+@triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr"])
+def _decode_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, req_hidden_ptr,
+    query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr,
+    qk_scale, num_reqs, num_splits,
+    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+    stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+    HEAD: tl.constexpr,  # head size
+    HEAD_P: tl.constexpr,  # head size rounded up to a power of two
+    ROT_HALF: tl.constexpr,  # rotary_dim // 2; 0 when keys are already where they are read
+    IS_NEOX: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per kv head
+    GROUP_P: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per tile: BLOCK_Q tokens x GROUP_P heads (+ padding)
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # keys per tile
+    TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
+    MOVE: tl.constexpr,  # this launch takes the requests reading a block away from its origin
+    PAIR_HALVES: tl.constexpr,  # MOVE with the whole head rotating: keys by pair halves (`_tile_scores`)
+    USE_SPLITS: tl.constexpr,  # write partial softmax states for _merge_splits_kernel
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Decode: program (request, kv head, key split) for the requests with at most ``BLOCK_Q``
+    query tokens, all of them in one tile."""
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_begin = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
+    if (q_len > BLOCK_Q) | (q_len == 0):
+        return
+    if _other_variant(req_moved_ptr, req, ROT_HALF, MOVE):
+        return
+    _attend_rows(
+        out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
+        window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, 0, q_begin, q_len, kv_head, split,
+        (req * tl.num_programs(1) + kv_head) * num_splits + split, qk_scale, num_splits,
+        stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+        stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
+        stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+        HEAD, HEAD_P, ROT_HALF, IS_NEOX, GROUP, GROUP_P, KV_BLOCK_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N, TILE_BLOCKS, MOVE,
+        PAIR_HALVES, USE_SPLITS, DOT_PRECISION,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["num_reqs", "stride_btr", "stride_wsr"])
+def _prefill_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, req_hidden_ptr,
+    query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, req_flags_ptr,
+    qk_scale, num_reqs,
+    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+    stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+    HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
+    SKIP_QLEN_LE: tl.constexpr,  # requests with q_len <= this belong to the decode launch
+    USE_FLAGS: tl.constexpr,  # only requests whose flag is set
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Prefill (the tile launch): program (query tile, kv head) over the requests with more
+    query tokens than decode takes, the longest (last) tiles first; the parameters are
+    `_decode_kernel`'s."""
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req, tile = _locate_tile(pid, query_start_loc_ptr, num_reqs, BLOCK_Q)
+    q_begin = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
+    if (q_len <= SKIP_QLEN_LE) | (tile * BLOCK_Q >= q_len):
+        return
+    if USE_FLAGS:
+        if tl.load(req_flags_ptr + req) == 0:
+            return
+    if _other_variant(req_moved_ptr, req, ROT_HALF, MOVE):
+        return
+    _attend_rows(
+        out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
+        window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile, q_begin, q_len, kv_head, 0, 0, qk_scale, 1,
+        stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+        stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
+        stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+        HEAD, HEAD_P, ROT_HALF, IS_NEOX, GROUP, GROUP_P, KV_BLOCK_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N, TILE_BLOCKS, MOVE,
+        PAIR_HALVES, False, DOT_PRECISION,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits"])
@@ -443,8 +503,8 @@ _PREFILL = {
 }
 _DECODE = {
     64: AttentionConfig(16, 64, 2, 3),
-    # 4 stages: decode over moved blocks 1.14x FA3's time against 1.19x with 3, at origin the same
-    # (benchmarks/results/attention-h200-f1c082d-decode-configs.json); 5 or 6 slow it at origin by up to 34%.
+    # 4 stages: decode over moved blocks (fp32 rotation then) 1.14x FA3's time against 1.19x with 3, at origin the
+    # same (benchmarks/results/attention-h200-f1c082d-decode-configs.json); 5 or 6 slow it at origin by up to 34%.
     128: AttentionConfig(16, 64, 2, 4),
     256: AttentionConfig(16, 32, 4, 2),
 }
@@ -578,23 +638,28 @@ def launch(
         part_ml = torch.empty(slots * 2 * block_m, dtype=torch.float32, device=query.device)
     else:
         part_acc = part_ml = out  # never touched
-    flags = req_flags if req_flags is not None else work.seq_lens
+    head_args = (out, query, key_cache, work.value_cache, work.block_table, work.block_kind, work.block_origin,
+                 work.moved, work.hidden, work.query_start_loc, work.seq_lens, work.window_starts, work.cos_sin)
+    strides = (*query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
+               *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0))
+    shape = dict(HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
+                 GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
+                 TILE_BLOCKS=max(1, cfg.block_n // block_size),
+                 DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
     for move in (False, True) if work.rotary_dim else (False,):
-        _attention_kernel[(num_tiles, num_kv_heads, splits)](
-            out, query, key_cache, work.value_cache, work.block_table, work.block_kind, work.block_origin, work.moved,
-            work.hidden, work.query_start_loc, work.seq_lens, work.window_starts, flags, work.cos_sin, part_acc,
-            part_ml,
-            work.scale * _LOG2E, num_reqs, splits,
-            *query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
-            *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0),
-            HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
-            GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
-            TILE_BLOCKS=max(1, cfg.block_n // block_size), MOVE=move,
-            PAIR_HALVES=move and work.rotary_dim == head_p and work.rotary_dim >= 32,  # tl.dot: halves >= 16
-            DECODE=decode, SKIP_QLEN_LE=0 if decode else limit, USE_FLAGS=req_flags is not None,
-            USE_SPLITS=splits > 1, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        # PAIR_HALVES: tl.dot takes halves of at least 16 lanes.
+        variant = dict(MOVE=move, PAIR_HALVES=move and work.rotary_dim == head_p and work.rotary_dim >= 32)
+        if decode:
+            _decode_kernel[(num_tiles, num_kv_heads, splits)](
+                *head_args, part_acc, part_ml, work.scale * _LOG2E, num_reqs, splits, *strides, **shape, **variant,
+                USE_SPLITS=splits > 1,
+            )  # fmt: skip
+        else:
+            _prefill_kernel[(num_tiles, num_kv_heads)](
+                *head_args, req_flags if req_flags is not None else work.seq_lens, work.scale * _LOG2E, num_reqs,
+                *strides, **shape, **variant, SKIP_QLEN_LE=limit, USE_FLAGS=req_flags is not None,
+            )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(num_tiles, num_kv_heads)](
             out, part_acc, part_ml, work.query_start_loc, num_reqs, splits, *out.stride(),
