@@ -17,7 +17,10 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+markers=ID``: SSep, PDep and HSep are embedded as token ``ID`` (the rule still reads them);
 - ``+span-bias=B``: ``B`` added to the attention logits of every key inside a span, as seen from
   rows outside that span (APE's scaling of parallel contexts: their softmax weights times e^B);
-- ``+first-span-bias=B``: the same for the prompt's first span only.
+- ``+first-span-bias=B``: the same for the prompt's first span only;
+- ``+span-sees-prefix``: every span's rows also see the prompt's prefix (everything before its
+  first marker block: the system turn and the start of the user turn), as APE computes parallel
+  contexts after a shared prefix.
 
     flock /tmp/minipic-test-server.lock .venv/bin/python benchmarks/accuracy_emulation.py \\
         --passages ../shared/data/2wiki_passages.json --questions 150 \\
@@ -51,7 +54,8 @@ from provenance import provenance
 
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
-CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=")
+CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=",
+           "span-sees-prefix")
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
@@ -119,6 +123,11 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
         seen &= ~span_marker[None, :] | (starts[:, None] == pos[None, :])
     if "hide-pads" in changes:
         seen &= ~(tokens == info.pad_token_id)[None, :] | itself
+    if "span-sees-prefix" in changes:
+        markers = torch.tensor([info.ssep_token_id, info.pdep_token_id, info.hsep_token_id])
+        opening = (pos % block == 0) & torch.isin(tokens, markers)
+        prefix_end = int(pos[opening].min()) if bool(opening.any()) else 0
+        seen |= (starts[:, None] > 0) & (pos[None, :] < prefix_end)
     return seen
 
 

@@ -64,3 +64,11 @@ def test_first_span_bias_weighs_the_first_span_only() -> None:
     bias = attention_bias(two_spans, _info(), ["first-span-bias=0.3"], seen)
     assert bias[13, 5] == 0.3 and bias[13, 9] == 0.0  # the first span's keys, not the second's
     assert bias[9, 9] == 0.0 and bias[13, 0] == 0.0
+
+
+def test_spans_see_the_prefix_before_the_first_marker_block() -> None:
+    seen = visibility(PROMPT, _info(), ["span-sees-prefix"])
+    assert seen[6, 0] and seen[6, 3] and not visibility(PROMPT, _info(), [])[6, 0]  # a span row: the prefix too
+    assert seen[6, 4] and not seen[6, 7]  # still causal within its span
+    assert seen[9, 0] and seen[2, 0] and not seen[2, 3]  # rows outside spans as before
+    assert parse_variant("refreshed+span-sees-prefix") == ("refreshed", ["span-sees-prefix"])
