@@ -255,7 +255,8 @@ def test_scale_out_prose_figures_match_their_results() -> None:
     "results",
     ["accuracy-emulation-smollm2-cpu.json", "accuracy-emulation-markers-smollm2-cpu.json",
      "accuracy-emulation-bos-smollm2-cpu.json", "accuracy-emulation-span-bias-smollm2-cpu.json",
-     "accuracy-emulation-first-span-bias-smollm2-cpu.json", "accuracy-emulation-first-span-bias-2-smollm2-cpu.json"],
+     "accuracy-emulation-first-span-bias-smollm2-cpu.json", "accuracy-emulation-first-span-bias-2-smollm2-cpu.json",
+     "accuracy-emulation-span-sees-prefix-smollm2-cpu.json"],
 )
 def test_emulation_table_matches_its_results(results: str) -> None:
     """Each run's variants in docs/accuracy.md (a variant both runs have answers the same there:
@@ -687,3 +688,11 @@ def test_table1_decode_cost_estimate_matches_its_results() -> None:
              for name in ("fp32_math", "bf16_math_fp32_table")}  # fmt: skip
     assert (f"worst relative L2 error of {worst['fp32_math']:.1e} with fp32 arithmetic and "
             f"{worst['bf16_math_fp32_table']:.1e} with bf16 arithmetic") in doc
+
+
+def test_span_sees_prefix_pairing_matches_its_results() -> None:
+    """docs/accuracy.md's paired count of +span-sees-prefix against refreshed heads of the same run."""
+    verdicts = _result("accuracy-emulation-span-sees-prefix-smollm2-cpu.json")["verdicts"]
+    right, wrong = _discordant(list(zip(verdicts["refreshed+span-sees-prefix"], verdicts["refreshed"], strict=True)))
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert f"it turns {right} answers right and {wrong} wrong (p={mcnemar_exact(right, wrong):.2f})" in doc
