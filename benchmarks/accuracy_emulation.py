@@ -124,8 +124,7 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
     if "hide-pads" in changes:
         seen &= ~(tokens == info.pad_token_id)[None, :] | itself
     if "span-sees-prefix" in changes:
-        markers = torch.tensor([info.ssep_token_id, info.pdep_token_id, info.hsep_token_id])
-        opening = (pos % block == 0) & torch.isin(tokens, markers)
+        opening = opens_block & torch.isin(tokens, torch.tensor(markers))
         prefix_end = int(pos[opening].min()) if bool(opening.any()) else 0
         seen |= (starts[:, None] > 0) & (pos[None, :] < prefix_end)
     return seen

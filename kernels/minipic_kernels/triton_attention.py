@@ -280,7 +280,7 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
 @triton.jit
 def _attend_rows(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
-    window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile, q_begin, q_len, kv_head, split, slot,
+    window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile, q_begin, q_len, kv_head, split,
     qk_scale, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
@@ -291,8 +291,8 @@ def _attend_rows(
     USE_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The body both entry points share: query tile ``tile`` of request ``req`` against one
-    kv head's keys (split ``split`` of ``num_splits``, with ``USE_SPLITS`` a partial softmax
-    state written at ``slot`` for `_merge_splits_kernel`), each row within its window."""
+    kv head's keys (split ``split`` of ``num_splits``; with ``USE_SPLITS``, decode only, a
+    partial softmax state for `_merge_splits_kernel`), each row within its window."""
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
 
@@ -336,7 +336,7 @@ def _attend_rows(
     )  # fmt: skip
 
     if USE_SPLITS:
-        slot = slot.to(tl.int64)
+        slot = ((req * tl.num_programs(1) + kv_head) * num_splits + split).to(tl.int64)
         tl.store(part_acc_ptr + slot * (BLOCK_M * HEAD_P) + offs_m[:, None] * HEAD_P + offs_d[None, :], acc)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + offs_m, m_i)
         tl.store(part_ml_ptr + slot * (2 * BLOCK_M) + BLOCK_M + offs_m, l_i)
@@ -391,8 +391,8 @@ def _decode_kernel(
         return
     _attend_rows(
         out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
-        window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, 0, q_begin, q_len, kv_head, split,
-        (req * tl.num_programs(1) + kv_head) * num_splits + split, qk_scale, num_splits,
+        window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, 0, q_begin, q_len, kv_head, split, qk_scale,
+        num_splits,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
         stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
@@ -433,7 +433,7 @@ def _prefill_kernel(
         return
     _attend_rows(
         out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
-        window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile, q_begin, q_len, kv_head, 0, 0, qk_scale, 1,
+        window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile, q_begin, q_len, kv_head, 0, qk_scale, 1,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
         stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
