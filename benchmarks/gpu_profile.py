@@ -22,6 +22,9 @@ import httpx
 _TIME = re.compile(r"^(?P<value>[\d.]+)(?P<unit>s|ms|us)$")
 _UNIT_US = {"s": 1e6, "ms": 1e3, "us": 1.0}
 TABLES = ("profiler_out_0.txt", "rank0.profiler_out.txt")  # vLLM 0.26, 0.32: rank 0's
+# The range vLLM's GPU worker records around each profiled engine step (0.26 and 0.32):
+# execute_context_<prefilling requests>(<their tokens>)_generation_<decoding requests>(<their tokens>).
+_STEP = re.compile(r"^execute_context_\d+\((?P<prompt>\d+)\)_generation_\d+\((?P<generated>\d+)\)$")
 
 
 def server_flags(directory: Path, delay: int, steps: int) -> list[str]:
@@ -60,6 +63,16 @@ def read_table(text: str) -> dict:
     total = next(line for line in lines if line.startswith(f"Self {device} time total:"))
     ops.sort(key=lambda op: -op["self_us"])
     return {"device": device, "total_us": _microseconds(total.split(":", 1)[1]), "ops": ops}
+
+
+def engine_steps(table: dict) -> dict:
+    """The engine steps the table shows, from the range vLLM records around each: how many, their GPU
+    time and the prompt and generated tokens they computed. Two windows (stock's and MiniPIC's, or two
+    commits') compare per computed token, since the steps they caught differ in size and mix."""
+    steps = [(match, op) for op in table["ops"] if (match := _STEP.match(op["name"]))]
+    return {"steps": sum(op["calls"] for _, op in steps), "gpu_us": sum(op["self_us"] for _, op in steps),
+            "prompt_tokens": sum(int(m["prompt"]) * op["calls"] for m, op in steps),
+            "generated_tokens": sum(int(m["generated"]) * op["calls"] for m, op in steps)}  # fmt: skip
 
 
 def _written_table(directory: Path) -> str | None:

@@ -14,6 +14,8 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpu_profile import engine_steps
+
 
 def _row(*cells: object) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -26,7 +28,7 @@ def served(data: dict) -> Iterator[str]:
     if data.get("span_prefills"):
         yield from _span_prefills(data["span_prefills"])
     if data.get("gpu_profiles"):
-        yield from _gpu_profiles(data["gpu_profiles"])
+        yield from _gpu_profiles(data["gpu_profiles"], rows)
     yield from _figure2_and_others(data)
 
 
@@ -78,15 +80,24 @@ def _span_prefills(rows: list[dict]) -> Iterator[str]:
     yield ""
 
 
-def _gpu_profiles(profiles: list[dict], top: int = 12) -> Iterator[str]:
-    """Per profiled run (`gpu_profile.py`): its costliest operators, their time and share of the window."""
+def _gpu_profiles(profiles: list[dict], table1: list[dict], top: int = 12) -> Iterator[str]:
+    """Per profiled run (`gpu_profile.py`): the engine steps it caught, GPU time per computed prompt
+    token, how busy that makes the GPU in the row's median run, and its costliest operators."""
+    runs = table1_runs(table1)
     for p in profiles:
-        yield f"{p['server']}, {p['row']}, max_tokens {p['max_tokens']}: {p['total_us'] / 1e3:,.1f} ms of {p['device']}"
-        yield _row("operator", f"self {p['device']} (ms)", "share", "calls")
-        yield _row(*["---"] * 4)
-        for op in p["ops"][:top]:
+        steps = engine_steps(p)
+        per_token_us = steps["gpu_us"] / steps["prompt_tokens"]
+        rate = median_run(runs[(p["row"], p["max_tokens"])])["computed_prompt_tokens_per_s"]
+        yield (f"{p['server']}, {p['row']}, max_tokens {p['max_tokens']}: {p['total_us'] / 1e3:,.1f} ms of "
+               f"{p['device']} kernels; {steps['steps']} engine steps ({steps['gpu_us'] / 1e3:,.1f} ms) computing "
+               f"{steps['prompt_tokens']:,} prompt and {steps['generated_tokens']:,} generated tokens: "
+               f"{per_token_us:.1f} us a prompt token, so the GPU is busy about {per_token_us * rate / 1e6:.0%} of "
+               f"the median run ({rate:,.0f} computed prompt tokens/s)")  # fmt: skip
+        yield _row("operator", f"self {p['device']} (ms)", "share", "calls", "us a prompt token")
+        yield _row(*["---"] * 5)
+        for op in [op for op in p["ops"] if not engine_steps({"ops": [op]})["steps"]][:top]:
             yield _row(f"`{op['name']}`", f"{op['self_us'] / 1e3:,.1f}", f"{op['self_us'] / p['total_us']:.1%}",
-                       op["calls"])  # fmt: skip
+                       op["calls"], f"{op['self_us'] / steps['prompt_tokens']:.2f}")  # fmt: skip
         yield ""
 
 

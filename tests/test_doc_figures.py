@@ -7,6 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
+import gpu_profile
 import pytest
 import tables
 
@@ -650,7 +651,7 @@ def _moved_pair(run: dict) -> str:
 
 
 def test_decode_variant_figures_match_their_results() -> None:
-    """The five decode variants of docs/benchmarks.md ("Latest: decode over moved blocks"),
+    """The five decode variants of docs/benchmarks.md ("Decode over moved blocks"),
     moved / moved spans against FA3, as their result file gives them."""
     variants = _result("attention-h200-decode-variants.json")["variants"]
     doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
@@ -696,3 +697,64 @@ def test_span_sees_prefix_pairing_matches_its_results() -> None:
     right, wrong = _discordant(list(zip(verdicts["refreshed+span-sees-prefix"], verdicts["refreshed"], strict=True)))
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert f"it turns {right} answers right and {wrong} wrong (p={mcnemar_exact(right, wrong):.2f})" in doc
+
+
+PROFILE_32 = "served-h200-table1-674608a-32-tokens-gpu-profile.json"  # one run a row, then a profiled one
+
+
+def test_gpu_profile_figures_match_their_results() -> None:
+    """docs/benchmarks.md's reading of the GPU profile at 32 tokens: GPU time per computed prompt
+    token, how busy it keeps the GPU, what the rest would give, and the decode kernel's cost."""
+    data = _result(PROFILE_32)
+    profile = {p["server"]: p for p in data["gpu_profiles"]}
+    steps = {server: gpu_profile.engine_steps(p) for server, p in profile.items()}
+    per_token = {server: s["gpu_us"] / s["prompt_tokens"] for server, s in steps.items()}
+    op = {server: {o["name"]: o["self_us"] / steps[server]["prompt_tokens"] for o in p["ops"]}
+          for server, p in profile.items()}  # fmt: skip
+    mix = {server: s["generated_tokens"] / s["prompt_tokens"] for server, s in steps.items()}
+    block, stock = (tables.median_run(runs) for (name, _), runs in sorted(tables.table1_runs(data["table1"]).items()))
+    assert stock["row"] == STOCK_FA3 and block["row"] == ISPS
+    per_sample = block["computed_prompt_tokens_per_s"] / block["samples_per_s"]
+    gpu_ms, wall_ms = per_token["pic-256"] * per_sample / 1e3, 1e3 / block["samples_per_s"]
+    final = block["final_prompt_tokens_per_s"] / block["samples_per_s"]
+    keys = steps["pic-256"]["generated_tokens"] * (final + 15.5)  # 32 tokens: 0-31 generated before
+    alone = {t["case"]: t["ours_ms"] for t in ROTATION_DTYPES["bf16_math_bf16_table"]["runs"][0]["times"]}
+    decode = next(o for o in profile["pic-256"]["ops"] if o["name"] == "_decode_kernel")
+    ns_a_key = 1e3 * decode["self_us"] / 32 / keys
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    for words in (
+        f"{per_token['pic-256']:.1f} us against {per_token['stock-fa3']:.1f} us",
+        f"carries {mix['pic-256'] / mix['stock-fa3']:.1f} times as many generated tokens per prompt token",
+        f"({op['pic-256']['aten::mm']:.2f} against {op['stock-fa3']['aten::mm']:.2f} us; larger batches)",
+        f"only about {per_token['pic-256'] * block['computed_prompt_tokens_per_s'] / 1e6:.0%} of MiniPIC's run",
+        f"({per_token['pic-256']:.1f} us a prompt token at the median run's "
+        f"{block['computed_prompt_tokens_per_s']:,.0f} computed prompt tokens/s), against about "
+        f"{per_token['stock-fa3'] * stock['computed_prompt_tokens_per_s'] / 1e6:.0%} of stock's",
+        f"has {mix['pic-256']:.3f} generated tokens per prompt token, as its whole run has (31 per {per_sample:.0f}",
+        f"about {gpu_ms:.1f} ms of GPU steps, and takes {wall_ms:.1f} ms. The other {wall_ms - gpu_ms:.0f} ms a "
+        f"sample ({1 - gpu_ms / wall_ms:.0%})",
+        f"about {1e3 / gpu_ms:.1f} samples/s, {1e3 / gpu_ms / stock['samples_per_s']:.2f}x this lease's stock",
+        f"costs {op['pic-256']['_decode_kernel']:.2f} us a prompt token",
+        f"{decode['calls']:,} in {steps['pic-256']['steps']} steps",
+        f"({decode['self_us'] / steps['pic-256']['gpu_us']:.0%} of the window), {ns_a_key:.1f} ns a key per layer in "
+        f"this mix ({steps['pic-256']['generated_tokens']:,} generated tokens, each reading a final prompt of "
+        f"{final:,.0f} tokens",
+        f"against {1e6 * alone['decode_64x4096_moved'] / (256 * 1024):.1f} ns alone",
+        f"(`_rotate_into_pages_kernel`, {op['pic-256']['_rotate_into_pages_kernel']:.2f} us a prompt token; "
+        f"FlashAttention-3 itself {op['pic-256']['_vllm_fa3_C::fwd']:.2f} us, as stock's "
+        f"{op['stock-fa3']['_vllm_fa3_C::fwd']:.2f})",
+    ):
+        assert words in doc, words
+    alone_ns = {case: f"{1e6 * alone[case] / (256 * 1024):.1f}" for case in ("decode_256x1024", "decode_64x4096_moved")}
+    assert len(set(alone_ns.values())) == 1, alone_ns  # both shapes read 262,144 keys
+
+
+def test_gpu_records_at_674608a_match_the_doc() -> None:
+    """docs/benchmarks.md's `make test-gpu` and kernel-correctness figures at 674608a, from their records."""
+    suite, reference = (_result(f"gpu-test-h200-674608a-{part}-suite.json") for part in ("gpu", "reference"))
+    worst = max(c["rel_l2"] for c in _result("attention-h200-674608a-correctness.json")["correctness"])
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    assert suite["failed"] == reference["failed"] == 0
+    assert f"`tests/gpu` {suite['passed']} of {suite['passed']} in {suite['seconds']:.0f} s" in doc
+    assert f"transformers {reference['passed']} of {reference['passed']} in {reference['seconds']:.0f} s" in doc
+    assert f"worst relative L2 error {worst:.1e}, no NaN" in doc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_profile import read_table
+from gpu_profile import engine_steps, read_table
 
 # The table a GPU worker writes (`key_averages().table(sort_by="self_cuda_time_total")`), three
 # rows, in torch's layout (`torch.autograd.profiler_util._build_table`: names right-aligned in
@@ -57,3 +57,23 @@ def test_a_table_torch_prints_on_the_cpu_reads_back_as_its_events() -> None:
 def test_a_text_without_a_table_is_refused() -> None:
     with pytest.raises(ValueError, match="not a torch profiler operator table"):
         read_table("no profile here\n")
+
+
+def _ops(*rows: tuple[str, float, int]) -> dict:
+    return {"ops": [{"name": name, "self_us": us, "calls": calls} for name, us, calls in rows]}
+
+
+def test_engine_steps_add_up_the_step_ranges_and_their_tokens() -> None:
+    """vLLM's worker names each step's range by what it computed; kernels and ops are not steps."""
+    table = _ops(("aten::mm", 900.0, 64), ("execute_context_2(1000)_generation_30(30)", 500.0, 1),
+                 ("execute_context_0(0)_generation_5(5)", 120.0, 4), ("_decode_kernel", 80.0, 64),
+                 ("execute_context_1(8192)_generation_0(0)", 700.0, 1))  # fmt: skip
+    assert engine_steps(table) == {"steps": 6, "gpu_us": 1320.0, "prompt_tokens": 9192, "generated_tokens": 50}
+
+
+def test_the_detailed_step_ranges_are_not_read_as_plain_ones() -> None:
+    """With detailed trace annotations vLLM names a step by its lengths and compute instead
+    (``execute_<tokens>_context_<requests>(sq..sk..sqsq..sqsk..)_generation_...``): not counted."""
+    table = _ops(("execute_8192_context_1(sq8192sk8192sqsq67108864sqsk67108864)_generation_0(sq0sk0sqsq0sqsk0)",
+                  700.0, 1))
+    assert engine_steps(table) == {"steps": 0, "gpu_us": 0.0, "prompt_tokens": 0, "generated_tokens": 0}
