@@ -29,7 +29,10 @@ A server's log goes next to the JSON; ``--profile`` attaches py-spy to each `min
 serve` (API server and engine core) during its ISPS run; ``--gpu-profile`` adds to each
 Table 1 row and max_tokens one more run, not counted, under vLLM's torch profiler
 (`gpu_profile.py`): ``gpu_profiles`` in the JSON, each kernel's GPU time over a window of
-engine steps, for stock and MiniPIC alike.
+engine steps, for stock and MiniPIC alike; ``--timeline`` samples each server's ``/metrics``
+through every Table 1 run (`engine_timeline.py`): ``timeline`` in each row, the requests the
+engine ran and held waiting and the tokens it finished, which say whether it had work
+between its steps.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_timeline  # noqa: E402
 import gpu_profile  # noqa: E402
 from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
@@ -172,11 +176,15 @@ async def table1_row(
 ) -> dict:
     events: list[RequestEvent] = []
     await reset_cache(url)
+    sampler = engine_timeline.Sampler(url, args.timeline_interval) if args.timeline else None
     async with connect(url, server, args, events, layout) as client:
         layout = layout_name(client) if server.pic else "plain"
+        if sampler:
+            await sampler.start()
         started = time.perf_counter()
         results = [r async for _, r in client.rag_many(requests, strategy=strategy)]
         elapsed = time.perf_counter() - started
+        timeline = await sampler.stop() if sampler else None
     failed = [r for r in results if isinstance(r, Exception)]
     ok = [r for r in results if not isinstance(r, Exception)]
     prompt = sum(r.prompt_tokens for r in ok)
@@ -195,6 +203,8 @@ async def table1_row(
     if failed:
         row["first_error"] = repr(failed[0])
     print(json.dumps(row), flush=True)
+    if timeline is not None:
+        row["timeline"] = timeline
     return row
 
 
@@ -512,6 +522,10 @@ def main() -> None:
                         help="one more run per Table 1 row and max_tokens under vLLM's torch profiler")
     parser.add_argument("--gpu-profile-delay", type=int, default=20, help="engine steps skipped first")
     parser.add_argument("--gpu-profile-steps", type=int, default=100, help="engine steps profiled")
+    parser.add_argument("--timeline", action="store_true",
+                        help="sample each server's /metrics during every Table 1 run (engine_timeline.py): requests "
+                             "running and waiting, prompt and generated tokens finished; `timeline` in each row")
+    parser.add_argument("--timeline-interval", type=float, default=0.25, help="seconds between samples")
     parser.add_argument("--small-requests", type=int, default=600)
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+from engine_timeline import summarise
 from gpu_profile import engine_steps
 
 
@@ -29,6 +30,8 @@ def served(data: dict) -> Iterator[str]:
         yield from _span_prefills(data["span_prefills"])
     if data.get("gpu_profiles"):
         yield from _gpu_profiles(data["gpu_profiles"], rows)
+    if any("timeline" in r for r in rows):
+        yield from _timelines(rows)
     yield from _figure2_and_others(data)
 
 
@@ -98,6 +101,23 @@ def _gpu_profiles(profiles: list[dict], table1: list[dict], top: int = 12) -> It
         for op in [op for op in p["ops"] if not engine_steps({"ops": [op]})["steps"]][:top]:
             yield _row(f"`{op['name']}`", f"{op['self_us'] / 1e3:,.1f}", f"{op['self_us'] / p['total_us']:.1%}",
                        op["calls"], f"{op['self_us'] / steps['prompt_tokens']:.2f}")  # fmt: skip
+        yield ""
+
+
+def _timelines(rows: list[dict]) -> Iterator[str]:
+    """Per Table 1 configuration, its median run's engine timeline (`engine_timeline.py`) by tenth of the run."""
+    for (name, max_tokens), runs in table1_runs(rows).items():
+        run = median_run(runs)
+        if "timeline" not in run:
+            continue
+        summary = summarise(run["timeline"])
+        yield (f"{name}, max_tokens {max_tokens}, repeat {run['repeat']}: {summary['seconds']:.1f} s, no request "
+               f"waiting in {summary['nothing_waiting']:.0%} of {len(run['timeline'])} samples")  # fmt: skip
+        yield _row("tenth of the run", "computed prompt tokens/s", "generated tokens/s", "running", "waiting")
+        yield _row(*["---"] * 5)
+        for i, part in enumerate(summary["parts"], 1):
+            yield _row(i, f"{part['computed_prompt_tokens_per_s']:,.0f}", f"{part['generated_tokens_per_s']:,.0f}",
+                       f"{part['running']:.0f}", f"{part['waiting']:.0f}")  # fmt: skip
         yield ""
 
 
