@@ -323,7 +323,20 @@ def decode_batches() -> dict[str, Batch]:
                for reqs, ctx in ((64, 4096), (8, 32768), (256, 1024))}  # fmt: skip
     batches["decode_64x4096_moved"] = Batch(LLAMA3, [(4096, 1)] * 64, moved=200)
     batches["decode_64x4096_moved_spans"] = Batch(LLAMA3, [(4096, 1)] * 64, moved=196, moved_span=7)
+    batches.update(served_decode_batches())
     return batches
+
+
+def served_decode_batches() -> dict[str, Batch]:
+    """Decode as a served Table 1 step at 32 tokens has it (docs/benchmarks.md, the GPU profile at
+    674608a: 1.6 ns a key there against 1.0 here at one length): 146 final prompts decoding over
+    1,000-1,500 keys of passages of 8 blocks, each moved by its own distance; then the same step
+    with 24 final prompts of 32 tokens over such a context beside them, as the step's prefills."""
+    rng = random.Random(0)
+    decodes = [(rng.randrange(1000, 1500), 1) for _ in range(146)]
+    finals = [(rng.randrange(1000, 1500), 32) for _ in range(24)]
+    return {"decode_146_served_moved_spans": Batch(LLAMA3, decodes, moved=96, moved_span=8),
+            "decode_146_served_with_finals": Batch(LLAMA3, decodes + finals, moved=96, moved_span=8)}  # fmt: skip
 
 
 def section_prefill_parts(fa, fa_func, version) -> list[dict]:
