@@ -16,6 +16,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -24,7 +25,7 @@ _UNIT_US = {"s": 1e6, "ms": 1e3, "us": 1.0}
 TABLES = ("profiler_out_0.txt", "rank0.profiler_out.txt")  # vLLM 0.26, 0.32: rank 0's
 # The range vLLM's GPU worker records around each profiled engine step (0.26 and 0.32):
 # execute_context_<prefilling requests>(<their tokens>)_generation_<decoding requests>(<their tokens>).
-_STEP = re.compile(r"^execute_context_\d+\((?P<prompt>\d+)\)_generation_\d+\((?P<generated>\d+)\)$")
+_STEP = re.compile(r"^execute_context_(?P<prefilling>\d+)\((?P<prompt>\d+)\)_generation_\d+\((?P<generated>\d+)\)$")
 
 
 def server_flags(directory: Path, delay: int, steps: int) -> list[str]:
@@ -65,14 +66,31 @@ def read_table(text: str) -> dict:
     return {"device": device, "total_us": _microseconds(total.split(":", 1)[1]), "ops": ops}
 
 
+class Step(NamedTuple):
+    prefilling_requests: int
+    prompt_tokens: int
+    generated_tokens: int
+    gpu_us: float
+
+
+def steps_of(table: dict) -> list[Step]:
+    """Every engine step the table shows, from the range vLLM records around each step (steps of
+    the same size share one row of the table, their time summed)."""
+    return [Step(int(m["prefilling"]), int(m["prompt"]), int(m["generated"]), op["self_us"] / op["calls"])
+            for op in table["ops"] if (m := _STEP.match(op["name"])) for _ in range(op["calls"])]  # fmt: skip
+
+
 def engine_steps(table: dict) -> dict:
-    """The engine steps the table shows, from the range vLLM records around each: how many, their GPU
-    time and the prompt and generated tokens they computed. Two windows (stock's and MiniPIC's, or two
-    commits') compare per computed token, since the steps they caught differ in size and mix."""
-    steps = [(match, op) for op in table["ops"] if (match := _STEP.match(op["name"]))]
-    return {"steps": sum(op["calls"] for _, op in steps), "gpu_us": sum(op["self_us"] for _, op in steps),
-            "prompt_tokens": sum(int(m["prompt"]) * op["calls"] for m, op in steps),
-            "generated_tokens": sum(int(m["generated"]) * op["calls"] for m, op in steps)}  # fmt: skip
+    """The engine steps the table shows: how many, their GPU time, the prompt and generated tokens
+    they computed; and the same for those that computed prompt tokens (not decode only). Two
+    windows (stock's and MiniPIC's, or two commits') compare per computed token, since the steps
+    they caught differ in size and mix."""
+    steps = steps_of(table)
+    prefills = [s for s in steps if s.prompt_tokens]
+    return {"steps": len(steps), "gpu_us": sum(s.gpu_us for s in steps),
+            "prompt_tokens": sum(s.prompt_tokens for s in steps),
+            "generated_tokens": sum(s.generated_tokens for s in steps),
+            "prefill_steps": len(prefills), "prefill_steps_gpu_us": sum(s.gpu_us for s in prefills)}  # fmt: skip
 
 
 def _written_table(directory: Path) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine_timeline import summarise
-from gpu_profile import engine_steps
+from gpu_profile import engine_steps, steps_of
 
 
 def _row(*cells: object) -> str:
@@ -84,21 +84,25 @@ def _span_prefills(rows: list[dict]) -> Iterator[str]:
 
 
 def _gpu_profiles(profiles: list[dict], table1: list[dict], top: int = 12) -> Iterator[str]:
-    """Per profiled run (`gpu_profile.py`): the engine steps it caught, GPU time per computed prompt
-    token, how busy that makes the GPU in the row's median run, and its costliest operators."""
+    """Per profiled run (`gpu_profile.py`): the engine steps it caught, their GPU time per computed
+    prompt token (all steps, and those that computed prompt tokens), the wall time per computed
+    prompt token of the row's median run beside it, and the costliest operators."""
     runs = table1_runs(table1)
     for p in profiles:
         steps = engine_steps(p)
-        per_token_us = steps["gpu_us"] / steps["prompt_tokens"]
+        prompts = sorted(s.prompt_tokens for s in steps_of(p) if s.prompt_tokens)
         rate = median_run(runs[(p["row"], p["max_tokens"])])["computed_prompt_tokens_per_s"]
         yield (f"{p['server']}, {p['row']}, max_tokens {p['max_tokens']}: {p['total_us'] / 1e3:,.1f} ms of "
-               f"{p['device']} kernels; {steps['steps']} engine steps ({steps['gpu_us'] / 1e3:,.1f} ms) computing "
+               f"{p['device']} kernels in {steps['steps']} engine steps ({steps['gpu_us'] / 1e3:,.1f} ms) computing "
                f"{steps['prompt_tokens']:,} prompt and {steps['generated_tokens']:,} generated tokens: "
-               f"{per_token_us:.1f} us a prompt token, so the GPU is busy about {per_token_us * rate / 1e6:.0%} of "
-               f"the median run ({rate:,.0f} computed prompt tokens/s)")  # fmt: skip
+               f"{steps['gpu_us'] / steps['prompt_tokens']:.1f} us a prompt token; "
+               f"{steps['steps'] - steps['prefill_steps']} steps decode only, the other {steps['prefill_steps']} "
+               f"({steps['prefill_steps_gpu_us'] / steps['prompt_tokens']:.1f} us a prompt token) hold a median "
+               f"{statistics.median(prompts):,.0f} prompt tokens ({prompts[0]:,}-{prompts[-1]:,}); the median "
+               f"run: {1e6 / rate:.1f} us of wall time a computed prompt token")  # fmt: skip
         yield _row("operator", f"self {p['device']} (ms)", "share", "calls", "us a prompt token")
         yield _row(*["---"] * 5)
-        for op in [op for op in p["ops"] if not engine_steps({"ops": [op]})["steps"]][:top]:
+        for op in [op for op in p["ops"] if not steps_of({"ops": [op]})][:top]:
             yield _row(f"`{op['name']}`", f"{op['self_us'] / 1e3:,.1f}", f"{op['self_us'] / p['total_us']:.1%}",
                        op["calls"], f"{op['self_us'] / steps['prompt_tokens']:.2f}")  # fmt: skip
         yield ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_profile import engine_steps, read_table
+from gpu_profile import engine_steps, read_table, steps_of
 
 # The table a GPU worker writes (`key_averages().table(sort_by="self_cuda_time_total")`), three
 # rows, in torch's layout (`torch.autograd.profiler_util._build_table`: names right-aligned in
@@ -68,7 +68,9 @@ def test_engine_steps_add_up_the_step_ranges_and_their_tokens() -> None:
     table = _ops(("aten::mm", 900.0, 64), ("execute_context_2(1000)_generation_30(30)", 500.0, 1),
                  ("execute_context_0(0)_generation_5(5)", 120.0, 4), ("_decode_kernel", 80.0, 64),
                  ("execute_context_1(8192)_generation_0(0)", 700.0, 1))  # fmt: skip
-    assert engine_steps(table) == {"steps": 6, "gpu_us": 1320.0, "prompt_tokens": 9192, "generated_tokens": 50}
+    assert engine_steps(table) == {"steps": 6, "gpu_us": 1320.0, "prompt_tokens": 9192, "generated_tokens": 50,
+                                   "prefill_steps": 2, "prefill_steps_gpu_us": 1200.0}
+    assert sorted(steps_of(table)) == [(0, 0, 5, 30.0)] * 4 + [(1, 8192, 0, 700.0), (2, 1000, 30, 500.0)]
 
 
 def test_the_detailed_step_ranges_are_not_read_as_plain_ones() -> None:
@@ -76,4 +78,5 @@ def test_the_detailed_step_ranges_are_not_read_as_plain_ones() -> None:
     (``execute_<tokens>_context_<requests>(sq..sk..sqsq..sqsk..)_generation_...``): not counted."""
     table = _ops(("execute_8192_context_1(sq8192sk8192sqsq67108864sqsk67108864)_generation_0(sq0sk0sqsq0sqsk0)",
                   700.0, 1))
-    assert engine_steps(table) == {"steps": 0, "gpu_us": 0.0, "prompt_tokens": 0, "generated_tokens": 0}
+    assert engine_steps(table) == {"steps": 0, "gpu_us": 0, "prompt_tokens": 0, "generated_tokens": 0,
+                                   "prefill_steps": 0, "prefill_steps_gpu_us": 0}
