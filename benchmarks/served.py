@@ -158,10 +158,17 @@ def connect(
     None: the first of ``--layout``, else the SDK's default)."""
     layout = layout or args.layouts[0]
     return SpanClient(
-        url, tokenizer=args.tokenizer, max_in_flight=None if server.pic else server.max_num_seqs,
+        url, tokenizer=args.tokenizer, max_in_flight=in_flight(server, args),
         on_request=events.append, allow_stock_server=not server.pic,
         technique=TECHNIQUES[layout] if layout else None,
     )  # fmt: skip
+
+
+def in_flight(server: Server, args: argparse.Namespace) -> int:
+    """Prompts the client keeps in flight: ``--in-flight-factor`` times the server's ``max_num_seqs``
+    (1: the SDK's default, the running batch kept full without a queue on the server), for stock
+    and MiniPIC alike."""
+    return max(1, round(args.in_flight_factor * server.max_num_seqs))
 
 
 def layout_name(client: SpanClient) -> str:
@@ -192,7 +199,8 @@ async def table1_row(
     computed = sum(e.prompt_tokens - (e.cached_tokens or 0) for e in events)
     row = {
         "row": name, "server": server.name, "strategy": strategy.value, "layout": layout, "repeat": repeat,
-        "max_num_seqs": server.max_num_seqs, "max_tokens": requests[0].max_tokens,
+        "max_num_seqs": server.max_num_seqs, "max_in_flight": in_flight(server, args),
+        "max_tokens": requests[0].max_tokens,
         "samples": len(ok), "failed": len(failed), "elapsed_s": elapsed,
         "samples_per_s": len(ok) / elapsed, "final_prompt_tokens_per_s": prompt / elapsed,
         "computed_prompt_tokens_per_s": computed / elapsed, "requests": len(events),
@@ -522,6 +530,9 @@ def main() -> None:
                         help="one more run per Table 1 row and max_tokens under vLLM's torch profiler")
     parser.add_argument("--gpu-profile-delay", type=int, default=20, help="engine steps skipped first")
     parser.add_argument("--gpu-profile-steps", type=int, default=100, help="engine steps profiled")
+    parser.add_argument("--in-flight-factor", type=float, default=1.0,
+                        help="prompts the client keeps in flight, times the server's max-num-seqs (stock and "
+                             "MiniPIC alike; above 1, requests queue on the server)")
     parser.add_argument("--timeline", action="store_true",
                         help="sample each server's /metrics during every Table 1 run (engine_timeline.py): requests "
                              "running and waiting, prompt and generated tokens finished; `timeline` in each row")
