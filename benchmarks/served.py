@@ -183,9 +183,9 @@ async def table1_row(
 ) -> dict:
     events: list[RequestEvent] = []
     await reset_cache(url)
-    sampler = engine_timeline.Sampler(url, args.timeline_interval) if args.timeline else None
     async with connect(url, server, args, events, layout) as client:
         layout = layout_name(client) if server.pic else "plain"
+        sampler = engine_timeline.Sampler(url, args.timeline_interval) if args.timeline else None
         if sampler:
             await sampler.start()
         started = time.perf_counter()
