@@ -713,6 +713,7 @@ def test_gpu_profile_figures_match_their_results() -> None:
     prefills = {server: [s for s in found if s.prompt_tokens] for server, found in steps.items()}
     decode_only = [s for s in steps["pic-256"] if not s.prompt_tokens]
     running = [s.prefilling_requests + s.generated_tokens for s in prefills["pic-256"]]
+    full_stock = [s.prefilling_requests for s in prefills["stock-fa3"] if s.prompt_tokens >= 8000]
     op = {server: {o["name"]: o for o in p["ops"]} for server, p in profile.items()}
     per_token = {server: {name: o["self_us"] / totals[server]["prompt_tokens"] for name, o in ops.items()}
                  for server, ops in op.items()}  # fmt: skip
@@ -735,6 +736,8 @@ def test_gpu_profile_figures_match_their_results() -> None:
         f"({min(s.prompt_tokens for s in prefills['pic-256']):,}-{max(s.prompt_tokens for s in prefills['pic-256']):,})"
         f" with {min(running)}-{max(running)} requests running",
         f"(median {statistics.median(s.prompt_tokens for s in prefills['stock-fa3']):,.0f})",
+        f"stock fills its steps with {min(full_stock)}-{max(full_stock)} prompts, MiniPIC needs about "
+        f"{8192 / (per_sample / (1 + spans)):.0f} (8,192 tokens at {per_sample / (1 + spans):.0f} a prompt)",
         f"one final prompt and {spans:.1f} span prompts (the workload's unique passages), "
         f"{per_sample / (1 + spans):.0f} computed tokens a prompt, against stock's one prompt of "
         f"{stock['computed_prompt_tokens_per_s'] / stock['samples_per_s']:,.0f}",
