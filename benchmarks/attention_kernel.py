@@ -89,16 +89,23 @@ class Batch:
     moved: int = 0  # context blocks of each request computed elsewhere (a cached span reused here)
     moved_span: int = 0  # 0: moved blocks all 7 blocks from their origin; n: spans of n blocks, each block
     # stored at its offset in its span (as a reused passage is), so each span moves by its own distance
+    pool_blocks: int = 0  # > the blocks the requests read: a cache of that many blocks, theirs scattered over it
     seed: int = 0
 
     def __post_init__(self) -> None:
         s, g = self.shape, torch.Generator().manual_seed(self.seed)
         bs = s.block_size
         blocks = [-(-n // bs) for n, _ in self.reqs]
-        num_phys = sum(blocks) + 8
-        packed = torch.randn(num_phys, s.num_kv_heads, bs, 2 * s.head_size, generator=g).to(s.dtype).to(DEVICE)
+        used = sum(blocks) + 8
+        values = torch.randn(used, s.num_kv_heads, bs, 2 * s.head_size, generator=g).to(s.dtype)
+        if self.pool_blocks > used:
+            packed = torch.zeros(self.pool_blocks, *values.shape[1:], dtype=s.dtype, device=DEVICE)
+            perm = torch.randperm(self.pool_blocks, generator=g)[:used]
+            packed[perm.to(DEVICE)] = values.to(DEVICE)
+        else:
+            packed, perm = values.to(DEVICE), torch.randperm(used, generator=g)
+        num_phys = packed.shape[0]
         self.key_cache, self.value_cache = packed.transpose(1, 2).split(s.head_size, dim=-1)
-        perm = torch.randperm(num_phys, generator=g)
         table = torch.zeros(len(self.reqs), max(blocks) + 1, dtype=torch.int32)
         kinds = torch.zeros(num_phys, dtype=torch.int8)
         origin = torch.zeros(num_phys, dtype=torch.int32)
@@ -331,12 +338,15 @@ def served_decode_batches() -> dict[str, Batch]:
     """Decode as a served Table 1 step at 32 tokens has it (docs/benchmarks.md, the GPU profile at
     674608a: 1.6 ns a key there against 1.0 here at one length): 146 final prompts decoding over
     1,000-1,500 keys of passages of 8 blocks, each moved by its own distance; then the same step
-    with 24 final prompts of 32 tokens over such a context beside them, as the step's prefills."""
+    with 24 final prompts of 32 tokens over such a context beside them, as the step's prefills; and
+    the decode alone with its blocks scattered over a cache of the served run's size (57,344 blocks a
+    layer: `GPU KV cache size: 917,472 tokens` in its log)."""
     rng = random.Random(0)
     decodes = [(rng.randrange(1000, 1500), 1) for _ in range(146)]
     finals = [(rng.randrange(1000, 1500), 32) for _ in range(24)]
     return {"decode_146_served_moved_spans": Batch(LLAMA3, decodes, moved=96, moved_span=8),
-            "decode_146_served_with_finals": Batch(LLAMA3, decodes + finals, moved=96, moved_span=8)}  # fmt: skip
+            "decode_146_served_with_finals": Batch(LLAMA3, decodes + finals, moved=96, moved_span=8),
+            "decode_146_served_big_cache": Batch(LLAMA3, decodes, moved=96, moved_span=8, pool_blocks=57_344)}
 
 
 def section_prefill_parts(fa, fa_func, version) -> list[dict]:
