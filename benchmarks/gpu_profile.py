@@ -73,6 +73,11 @@ class Step(NamedTuple):
     gpu_us: float
 
 
+def is_step(op: dict) -> bool:
+    """Whether a row of the table is an engine step's range rather than an operator or kernel."""
+    return _STEP.match(op["name"]) is not None
+
+
 def steps_of(table: dict) -> list[Step]:
     """Every engine step the table shows, from the range vLLM records around each step (steps of
     the same size share one row of the table, their time summed)."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine_timeline import summarise
-from gpu_profile import engine_steps, steps_of
+from gpu_profile import engine_steps, is_step, steps_of
 
 
 def _row(*cells: object) -> str:
@@ -92,19 +92,24 @@ def _gpu_profiles(profiles: list[dict], table1: list[dict], top: int = 12) -> It
         steps = engine_steps(p)
         prompts = sorted(s.prompt_tokens for s in steps_of(p) if s.prompt_tokens)
         rate = median_run(runs[(p["row"], p["max_tokens"])])["computed_prompt_tokens_per_s"]
-        yield (f"{p['server']}, {p['row']}, max_tokens {p['max_tokens']}: {p['total_us'] / 1e3:,.1f} ms of "
-               f"{p['device']} kernels in {steps['steps']} engine steps ({steps['gpu_us'] / 1e3:,.1f} ms) computing "
-               f"{steps['prompt_tokens']:,} prompt and {steps['generated_tokens']:,} generated tokens: "
-               f"{steps['gpu_us'] / steps['prompt_tokens']:.1f} us a prompt token; "
-               f"{steps['steps'] - steps['prefill_steps']} steps decode only, the other {steps['prefill_steps']} "
-               f"({steps['prefill_steps_gpu_us'] / steps['prompt_tokens']:.1f} us a prompt token) hold a median "
-               f"{statistics.median(prompts):,.0f} prompt tokens ({prompts[0]:,}-{prompts[-1]:,}); the median "
-               f"run: {1e6 / rate:.1f} us of wall time a computed prompt token")  # fmt: skip
+        head = (f"{p['server']}, {p['row']}, max_tokens {p['max_tokens']}: {p['total_us'] / 1e3:,.1f} ms of "
+                f"{p['device']}")  # fmt: skip
+        if not prompts:  # a window of decode steps only, or a table without step ranges
+            yield f"{head}, no engine step that computed prompt tokens"
+        else:
+            yield (f"{head} kernels in {steps['steps']} engine steps ({steps['gpu_us'] / 1e3:,.1f} ms) computing "
+                   f"{steps['prompt_tokens']:,} prompt and {steps['generated_tokens']:,} generated tokens: "
+                   f"{steps['gpu_us'] / steps['prompt_tokens']:.1f} us a prompt token; "
+                   f"{steps['steps'] - steps['prefill_steps']} steps decode only, the other {steps['prefill_steps']} "
+                   f"({steps['prefill_steps_gpu_us'] / steps['prompt_tokens']:.1f} us a prompt token) hold a median "
+                   f"{statistics.median(prompts):,.0f} prompt tokens ({prompts[0]:,}-{prompts[-1]:,}); the median "
+                   f"run: {1e6 / rate:.1f} us of wall time a computed prompt token")  # fmt: skip
         yield _row("operator", f"self {p['device']} (ms)", "share", "calls", "us a prompt token")
         yield _row(*["---"] * 5)
-        for op in [op for op in p["ops"] if not steps_of({"ops": [op]})][:top]:
+        for op in [op for op in p["ops"] if not is_step(op)][:top]:
+            per_token = f"{op['self_us'] / steps['prompt_tokens']:.2f}" if prompts else "-"
             yield _row(f"`{op['name']}`", f"{op['self_us'] / 1e3:,.1f}", f"{op['self_us'] / p['total_us']:.1%}",
-                       op["calls"], f"{op['self_us'] / steps['prompt_tokens']:.2f}")  # fmt: skip
+                       op["calls"], per_token)  # fmt: skip
         yield ""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import tables
 import torch
 from gpu_profile import engine_steps, read_table, steps_of
 
@@ -80,3 +81,15 @@ def test_the_detailed_step_ranges_are_not_read_as_plain_ones() -> None:
                   700.0, 1))
     assert engine_steps(table) == {"steps": 0, "gpu_us": 0, "prompt_tokens": 0, "generated_tokens": 0,
                                    "prefill_steps": 0, "prefill_steps_gpu_us": 0}
+
+
+def test_tables_print_a_window_without_step_ranges() -> None:
+    """A CPU profile without vLLM's step ranges prints its operators, and says it has no step."""
+    a = torch.randn(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        a @ a
+    table = read_table(profile.key_averages().table(sort_by="self_cpu_time_total"))
+    run = {"row": "r", "server": "s", "max_tokens": 1, "samples_per_s": 1.0, "computed_prompt_tokens_per_s": 9.0}
+    lines = list(tables._gpu_profiles([{"server": "s", "row": "r", "max_tokens": 1, **table}], [run]))
+    assert lines[0].endswith("no engine step that computed prompt tokens")
+    assert any(line.startswith("| `aten::mm` |") and line.endswith("| - |") for line in lines)
