@@ -5,7 +5,10 @@ between them. Sampling ``GET /metrics`` (the same names in vLLM 0.26 and 0.32) e
 a second gives, through the run, how many requests the engine ran and how many waited, and the
 counters of prompt tokens (all, and those read from the prefix cache) and generated tokens it
 finished: a run that starts slowly, drains slowly, or leaves the engine without waiting work
-shows in them, for stock and MiniPIC alike.
+shows in them, for stock and MiniPIC alike. The sums of vLLM's request-time histograms over the
+run say where its requests spent their time on the server (queued in the engine, scheduled, the
+rest in the API server); set beside the seconds the client held each prompt, they show how long
+prompts spent outside the server altogether.
 """
 
 from __future__ import annotations
@@ -16,32 +19,36 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-# vLLM's metric -> the sample's field. Gauges are read as they are; counters (exposed with the
-# `_total` suffix, which the parser strips from the family name) are summed over their labels.
+# vLLM's metric -> (the sample's field, the sample read): gauges as they are, counters' `_total`,
+# histograms' `_sum` (seconds summed over the requests that finished), each summed over its labels.
 METRICS = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:prompt_tokens_cached": "cached_prompt_tokens",
-    "vllm:generation_tokens": "generated_tokens",
+    "vllm:num_requests_running": ("running", ""),
+    "vllm:num_requests_waiting": ("waiting", ""),
+    "vllm:prompt_tokens": ("prompt_tokens", "_total"),
+    "vllm:prompt_tokens_cached": ("cached_prompt_tokens", "_total"),
+    "vllm:generation_tokens": ("generated_tokens", "_total"),
+    # Where a request's time went: from the API server's arrival to its last token, in the
+    # engine's queue, and from being scheduled to its last token.
+    "vllm:e2e_request_latency_seconds": ("server_s", "_sum"),
+    "vllm:request_queue_time_seconds": ("queued_s", "_sum"),
+    "vllm:request_inference_time_seconds": ("inference_s", "_sum"),
 }
+COUNTERS = tuple(field for field, sample in METRICS.values() if sample)  # counted from the run's first sample
 
 
 def read_metrics(text: str) -> dict[str, float]:
-    """The fields of `METRICS` from one ``/metrics`` page, each summed over its label sets."""
-    values = dict.fromkeys(METRICS.values(), 0.0)
+    """The fields of `METRICS` from one ``/metrics`` page."""
+    values = {field: 0.0 for field, _ in METRICS.values()}
     for family in text_string_to_metric_families(text):
-        field = METRICS.get(family.name)
-        if field is None:
+        if family.name not in METRICS:
             continue
-        values[field] += sum(s.value for s in family.samples if s.name in (family.name, f"{family.name}_total"))
+        field, sample = METRICS[family.name]
+        values[field] += sum(s.value for s in family.samples if s.name == family.name + sample)
     return values
 
 
 class Sampler:
     """Samples a server's metrics every `interval_s` in the background, between `start` and `stop`."""
-
-    COUNTERS = ("prompt_tokens", "cached_prompt_tokens", "generated_tokens")
 
     def __init__(self, url: str, interval_s: float = 0.25) -> None:
         self._http = httpx.AsyncClient(base_url=url, timeout=30)
@@ -76,7 +83,7 @@ class Sampler:
         await self._sample()
         await self._http.aclose()
         first = self._samples[0]
-        return [{**s, **{c: s[c] - first[c] for c in ("t_s", *self.COUNTERS)}} for s in self._samples]
+        return [{**s, **{c: s[c] - first[c] for c in ("t_s", *COUNTERS)}} for s in self._samples]
 
 
 def _last_at(samples: list[dict[str, float]], t_s: float) -> dict[str, float]:
@@ -99,4 +106,6 @@ def summarise(samples: list[dict[str, float]], parts: int = 10) -> dict:
                      "generated_tokens_per_s": (after["generated_tokens"] - before["generated_tokens"]) / span,
                      "running": sum(s["running"] for s in inside) / len(inside),
                      "waiting": sum(s["waiting"] for s in inside) / len(inside)})  # fmt: skip
-    return {"seconds": end, "parts": rows, "nothing_waiting": sum(s["waiting"] == 0 for s in samples) / len(samples)}
+    last = samples[-1]
+    return {"seconds": end, "parts": rows, "nothing_waiting": sum(s["waiting"] == 0 for s in samples) / len(samples),
+            "request_seconds": {field: last[field] for field in ("server_s", "queued_s", "inference_s")}}

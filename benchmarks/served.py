@@ -213,6 +213,7 @@ async def table1_row(
     print(json.dumps(row), flush=True)
     if timeline is not None:
         row["timeline"] = timeline
+        row["client_prompt_seconds"] = sum(e.duration_s * e.prompts for e in events)  # each prompt's slot, held
     return row
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import httpx
 import pytest
 from engine_timeline import Sampler, read_metrics, summarise
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from pic_reference import random_tokens
 from servers import RunningServer
@@ -22,9 +23,12 @@ def test_metrics_are_read_summed_over_their_labels() -> None:
     prompt.labels("m", "1").inc(34)
     Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry).labels("m").set(7)
     Counter("vllm:request_success", "other", registry=registry).inc(3)
+    latency = Histogram("vllm:e2e_request_latency_seconds", "e2e", ["model_name"], registry=registry)
+    for seconds in (0.5, 1.25):
+        latency.labels("m").observe(seconds)
     values = read_metrics(generate_latest(registry).decode())
     assert values == {"running": 0.0, "waiting": 7.0, "prompt_tokens": 1234.0, "cached_prompt_tokens": 0.0,
-                      "generated_tokens": 0.0}  # fmt: skip
+                      "generated_tokens": 0.0, "server_s": 1.75, "queued_s": 0.0, "inference_s": 0.0}  # fmt: skip
 
 
 @pytest.mark.server
@@ -33,11 +37,13 @@ async def test_the_sampled_counters_add_up_to_what_the_server_answered(pic_serve
     prompts = [random_tokens(rng, 48) for _ in range(4)]
     sampler = Sampler(pic_server.url, interval_s=0.05)
     await sampler.start()
-    usages = []
+    usages, held = [], 0.0
     async with httpx.AsyncClient(base_url=pic_server.url, timeout=120) as http:
         for prompt in [*prompts, prompts[0]]:  # the last one reads its blocks from the prefix cache
             body = {"model": pic_server.model, "prompt": prompt, "max_tokens": 3, "temperature": 0.0}
+            sent = time.perf_counter()
             usages.append((await http.post("/v1/completions", json=body)).raise_for_status().json()["usage"])
+            held += time.perf_counter() - sent
         expected = sum(u["completion_tokens"] for u in usages)
         for _ in range(100):  # the API server counts a request's tokens just after answering it
             if read_metrics((await http.get("/metrics")).text)["generated_tokens"] >= expected:
@@ -55,3 +61,5 @@ async def test_the_sampled_counters_add_up_to_what_the_server_answered(pic_serve
     assert sum(p["computed_prompt_tokens_per_s"] * tenth for p in summary["parts"]) == pytest.approx(
         last["prompt_tokens"] - cached, abs=1e-6)  # fmt: skip
     assert 0.0 <= summary["nothing_waiting"] <= 1.0
+    spent = summary["request_seconds"]  # one request at a time: each one's server time lies inside the client's
+    assert 0.0 <= spent["queued_s"] <= spent["server_s"] and 0.0 < spent["inference_s"] <= spent["server_s"] < held
