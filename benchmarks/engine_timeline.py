@@ -53,26 +53,24 @@ class Sampler:
     def __init__(self, url: str, interval_s: float = 0.25) -> None:
         self._http = httpx.AsyncClient(base_url=url, timeout=30)
         self._interval_s = interval_s
-        self._started = 0.0
         self._task: asyncio.Task | None = None
         self._samples: list[dict[str, float]] = []
 
     async def _sample(self) -> None:
         response = await self._http.get("/metrics")
         response.raise_for_status()
-        self._samples.append({"t_s": time.perf_counter() - self._started, **read_metrics(response.text)})
+        self._samples.append({"t_s": time.perf_counter(), **read_metrics(response.text)})
 
     async def _run(self) -> None:
         while True:
             await asyncio.gather(self._sample(), asyncio.sleep(self._interval_s))
 
     async def start(self) -> None:
-        self._started = time.perf_counter()
         await self._sample()
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> list[dict[str, float]]:
-        """Stop after one last sample: the samples, each counter counted from the first sample."""
+        """Stop after one last sample: the samples, time and each counter counted from the first sample."""
         if self._task is None:
             raise RuntimeError("Sampler.stop() before start()")
         self._task.cancel()
