@@ -20,7 +20,7 @@ import httpx
 
 import minipic_client
 from minipic_client import BlockAttention, Epic, RagRequest, RequestEvent, SpanClient, Strategy, Tokenizer
-from minipic_client.prompt import Technique
+from minipic_client.prompt import Dependent, Part, Technique, Text
 
 from accuracy_stats import TokenLedger
 
@@ -86,11 +86,35 @@ register("lead_text_refreshed_heads", "the first passage continuing the prefix a
          technique=lambda ctx: minipic_client.LeadInContext(as_text=True))  # fmt: skip
 register("lead2_text_refreshed_heads", "the first two passages continuing the prefix as plain text, the others as "
          "refreshed heads", technique=lambda ctx: minipic_client.LeadInContext(lead=2, as_text=True))  # fmt: skip
+register("leadin_refreshed_heads", "refreshed heads after a fixed lead-in `Dependent` ('Passages:'), so the "
+         "prompt's first marker opens the lead-in, not the first passage",
+         technique=lambda ctx: MarkerLeadIn(minipic_client.RefreshedHeads()))  # fmt: skip
+register("lead_text_leadin_refreshed_heads", "the first passage as plain text, then the fixed lead-in `Dependent`, "
+         "the others as refreshed heads",
+         technique=lambda ctx: MarkerLeadIn(minipic_client.LeadInContext(as_text=True)))  # fmt: skip
+register("leadin_pdep_passages", "pdep_passages after the fixed lead-in `Dependent`",
+         technique=lambda ctx: MarkerLeadIn(Epic(k=ctx.longest_passage_tokens // ctx.block_size + 1)))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 register_sdk("prefix_sink", "PrefixSink",
              "Block-Attention whose spans open with a hidden copy of the prefix's last block-1 tokens: each passage "
              "computed as if it came first")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MarkerLeadIn:
+    """`rest`'s parts with a fixed `text` as a `Dependent` before the first document it lays out
+    as a segment: the prompt's first marker opens that text, not a document. Full attention with
+    PIC's markers answers worst right after the first marker (docs/accuracy.md); the lead-in is
+    the same in every prompt, so the prefix cache holds it."""
+
+    rest: Technique
+    text: str = "Passages:\n"
+
+    def documents(self, docs: Sequence[str]) -> list[Part]:
+        parts = list(self.rest.documents(docs))
+        first = next((i for i, part in enumerate(parts) if not isinstance(part, Text)), len(parts))
+        return [*parts[:first], Dependent(self.text), *parts[first:]]
 
 
 @dataclass(frozen=True)
