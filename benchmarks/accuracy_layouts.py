@@ -20,7 +20,7 @@ import httpx
 
 import minipic_client
 from minipic_client import BlockAttention, Epic, RagRequest, RequestEvent, SpanClient, Strategy, Tokenizer
-from minipic_client.prompt import Dependent, Part, Technique, Text
+from minipic_client.prompt import TECHNIQUES, Dependent, Part, Technique, Text
 
 from accuracy_stats import TokenLedger
 
@@ -89,9 +89,9 @@ register("lead2_text_refreshed_heads", "the first two passages continuing the pr
 register("leadin_refreshed_heads", "refreshed heads after a fixed lead-in `Dependent` ('Passages:'), so the "
          "prompt's first marker opens the lead-in, not the first passage",
          technique=lambda ctx: MarkerLeadIn(minipic_client.RefreshedHeads()))  # fmt: skip
-register("lead_text_leadin_refreshed_heads", "the first passage as plain text, then the fixed lead-in `Dependent`, "
-         "the others as refreshed heads",
-         technique=lambda ctx: MarkerLeadIn(minipic_client.LeadInContext(as_text=True)))  # fmt: skip
+register("lead_text_leadin_refreshed_heads", "the first passage as plain text, then the fixed header `Dependent` "
+         "('Passages:'), the others as refreshed heads",
+         technique=lambda ctx: TECHNIQUES["lead-text-header-refreshed-heads"])  # fmt: skip
 register("leadin_pdep_passages", "pdep_passages after the fixed lead-in `Dependent`",
          technique=lambda ctx: MarkerLeadIn(Epic(k=ctx.longest_passage_tokens // ctx.block_size + 1)))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
@@ -104,9 +104,8 @@ register_sdk("prefix_sink", "PrefixSink",
 @dataclass(frozen=True)
 class MarkerLeadIn:
     """`rest`'s parts with a fixed `text` as a `Dependent` before the first document it lays out
-    as a segment: the prompt's first marker opens that text, not a document. Full attention with
-    PIC's markers answers worst right after the first marker (docs/accuracy.md); the lead-in is
-    the same in every prompt, so the prefix cache holds it."""
+    as a segment, so the prompt's first marker opens that text, not a document: the SDK's
+    ``LeadInContext(header=...)`` for any technique, to try it where the SDK does not offer it."""
 
     rest: Technique
     text: str = "Passages:\n"

@@ -162,9 +162,23 @@ def test_lead_in_context_computes_the_first_documents_after_the_prefix_and_lays_
     assert layout.cacheable_tokens == B + len(layout.prefills[-1].token_ids)
 
 
+def test_a_header_opens_the_first_segment_after_the_leading_text(builder, ids):
+    technique = LeadInContext(RefreshedHeads(), as_text=True, header="Passages:\n")
+    layout = builder.build([Text("sys"), *technique.documents([DOC_A, LONG]), Dependent("q")])
+    same = builder.build([Text("sys"), Text(DOC_A), Dependent("Passages:\n"), RefreshedHeads().span(LONG),
+                          Dependent("q")])
+    assert layout.token_ids == same.token_ids
+    # The prompt's first marker opens the header, right after the leading document's padding.
+    header, head = positions(layout.token_ids, ids["pdep"])[:2]
+    assert header % B == 0 and head == header + B and ids["hsep"] in layout.token_ids[head:]
+    # Nothing after the leading documents: no header either.
+    assert technique.documents([DOC_A]) == [Text(DOC_A)]
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"lead": 0}, "lead must be at least 1"),
     ({"rest": LeadInContext()}, "rest is a per-document technique"),
+    ({"header": " \n"}, "a header needs text"),
 ])
 def test_lead_in_context_rejects_what_it_cannot_lay_out(kwargs, match):
     with pytest.raises(PromptError, match=match):

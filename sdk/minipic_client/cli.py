@@ -108,7 +108,8 @@ _CACHE_SALT = typer.Option(
 )
 _LAYOUT = typer.Option(
     None, "--layout", help="Document layout, fastest first: block, hidden-sink, prefix-sink, epic1, epic2, "
-    "refreshed-heads, lead-refreshed-heads, lead-text-refreshed-heads, lead2-text-refreshed-heads "
+    "refreshed-heads, lead-refreshed-heads, lead-text-refreshed-heads, lead-text-header-refreshed-heads, "
+    "lead2-text-refreshed-heads "
     "(default: refreshed-heads where the server has hidden heads; docs/accuracy.md says what each costs)",
 )
 

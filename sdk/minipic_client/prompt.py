@@ -184,15 +184,22 @@ class LeadInContext:
     rest: SpanTechnique = RefreshedHeads()
     lead: int = 1
     as_text: bool = False  # the leading documents continue the prefix: no marker or pad before them
+    # Fixed text laid out as a `Dependent` between the leading documents and the rest, so the
+    # first marker after the leading text opens it rather than a document (docs/accuracy.md).
+    header: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.rest, _SpanEach):
             raise PromptError(f"LeadInContext(rest={self.rest!r}): rest is a per-document technique")
         if self.lead < 1:
             raise PromptError(f"LeadInContext(lead={self.lead}): lead must be at least 1 (lead=0 is `rest` itself)")
+        if self.header is not None and not self.header.strip():
+            raise PromptError(f"LeadInContext(header={self.header!r}): a header needs text (None: no header)")
 
     def documents(self, docs: Sequence[str]) -> list[Part]:
-        return [*map(Text if self.as_text else Dependent, docs[: self.lead]), *self.rest.documents(docs[self.lead :])]
+        leading = list(map(Text if self.as_text else Dependent, docs[: self.lead]))
+        header = [Dependent(self.header)] if self.header is not None and docs[self.lead :] else []
+        return [*leading, *header, *self.rest.documents(docs[self.lead :])]
 
 
 Technique = SpanTechnique | LeadInContext
@@ -209,6 +216,7 @@ TECHNIQUES: dict[str, Technique] = {
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
+    "lead-text-header-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True, header="Passages:\n"),
     "lead2-text-refreshed-heads": LeadInContext(RefreshedHeads(), lead=2, as_text=True),
 }
 
