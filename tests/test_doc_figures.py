@@ -35,6 +35,8 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-front-pad.json": 3,  # single facts: full, two layouts with the pads first
     "accuracy-families-smollm2-cpu-prefix-sink.json": 4,  # single facts: full, refreshed heads, prefix sink, block
     "accuracy-families-smollm2-cpu-prefix-sink-synthetic.json": 4,  # the same layouts, synthetic facts
+    "accuracy-families-smollm2-cpu-leadin.json": 4,  # single facts: full, refreshed heads, two with the header
+    "accuracy-families-smollm2-cpu-lead-text-500.json": 2,  # single facts: full, the first passage as text
 }
 
 
@@ -780,3 +782,40 @@ def test_gpu_records_at_674608a_match_the_doc() -> None:
     assert f"`tests/gpu` {suite['passed']} of {suite['passed']} in {suite['seconds']:.0f} s" in doc
     assert f"transformers {reference['passed']} of {reference['passed']} in {reference['seconds']:.0f} s" in doc
     assert f"worst relative L2 error {worst:.1e}, no NaN" in doc
+
+
+def test_the_header_runs_places_pairings_and_shares_match_their_results() -> None:
+    """docs/accuracy.md on `LeadInContext(header=...)` (CPU, 500 single-fact questions): by place,
+    the pairings against refreshed heads and the control, and the steady cache shares."""
+    header, control = "accuracy-families-smollm2-cpu-leadin.json", "accuracy-families-smollm2-cpu-lead-text-500.json"
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    layouts = ["full", "refreshed_heads", "leadin_refreshed_heads", "lead_text_leadin_refreshed_heads"]
+    for place, row in _by_place(header, layouts).items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    text = " ".join(doc.split())
+    control_places = [row[1] for _, row in sorted(_by_place(control, ["lead_text_refreshed_heads"]).items())]
+    listed = ", ".join(map(str, control_places[:-1])) + f" and {control_places[-1]})"
+    assert f"`lead_text_refreshed_heads`: {listed}" in text
+    answers = {name: {q["id"]: q["answers"] for q in _result(name)["families"]["single"]["questions"]}
+               for name in (header, control)}  # fmt: skip
+    assert all(answers[header][i]["full"]["text"] == a["full"]["text"] for i, a in answers[control].items())
+    merged = {i: answers[header][i] | a for i, a in answers[control].items()}
+
+    def pairing(layout: str, other: str) -> tuple[int, int, str]:
+        gained, lost = _discordant([(a[layout]["correct"], a[other]["correct"]) for a in merged.values()])
+        p = mcnemar_exact(gained, lost)
+        return gained, lost, "p<0.001" if p < 0.001 else f"p={p:.3f}".rstrip("0")
+
+    g, lost, p = pairing("leadin_refreshed_heads", "refreshed_heads")
+    assert f"changes {g + lost} answers ({g} right only with it, {lost} only without, exact McNemar {p})" in text
+    g, lost, p = pairing("lead_text_leadin_refreshed_heads", "lead_text_refreshed_heads")
+    assert f"turns {g} answers right and {lost} wrong against the control ({p})" in text
+    g, lost, p = pairing("lead_text_leadin_refreshed_heads", "refreshed_heads")
+    assert f"answers {g} questions right that refreshed heads miss and misses {lost} they answer ({p})" in text
+    g, lost, p = pairing("lead_text_refreshed_heads", "refreshed_heads")
+    assert f"the gain over refreshed heads is {g} against {lost} ({p})" in text
+    shares = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]
+    steady = {name: round(100 * shares[name]["from_cache"]) for name in
+              ("lead_text_header_refreshed_heads", "lead_text_refreshed_heads")}  # fmt: skip
+    assert (f"{steady['lead_text_header_refreshed_heads']}% of a final prompt from the cache once spans are cached"
+            in text and f"passage as text: {steady['lead_text_refreshed_heads']}% without it)" in text)
