@@ -92,8 +92,6 @@ register("leadin_refreshed_heads", "refreshed heads after a fixed lead-in `Depen
 register("lead_text_leadin_refreshed_heads", "the first passage as plain text, then the fixed header `Dependent` "
          "('Passages:'), the others as refreshed heads",
          technique=lambda ctx: TECHNIQUES["lead-text-header-refreshed-heads"])  # fmt: skip
-register("leadin_pdep_passages", "pdep_passages after the fixed lead-in `Dependent`",
-         technique=lambda ctx: MarkerLeadIn(Epic(k=ctx.longest_passage_tokens // ctx.block_size + 1)))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 register_sdk("prefix_sink", "PrefixSink",

@@ -9,11 +9,21 @@ import uuid
 import pytest
 
 import minipic_client
-from minipic_client import BlockAttention, Epic, Tokenizer
+from minipic_client import BlockAttention, Epic, LeadInContext, Tokenizer
+from minipic_client.prompt import Dependent, Span, Text
 
 from accuracy import STOCK, family_counts, summarise
 from accuracy_families import FAMILIES, Corpus, Question, build_family, extract_facts, is_correct, reuse_stats
-from accuracy_layouts import LAYOUTS, LayoutContext, PassResult, Prompt, parse_counters, register_sdk, run_pass
+from accuracy_layouts import (
+    LAYOUTS,
+    LayoutContext,
+    MarkerLeadIn,
+    PassResult,
+    Prompt,
+    parse_counters,
+    register_sdk,
+    run_pass,
+)
 from accuracy_stats import TokenLedger, mcnemar_exact, paired_difference, versus, wilson
 
 FIRST = ("Anna", "Boris", "Clara", "Dmitri", "Elena", "Felix", "Greta", "Hugo", "Irene", "Jonas")
@@ -211,6 +221,15 @@ def test_layouts_build_their_techniques():
     assert LAYOUTS["block"].technique(context) == BlockAttention()
     assert LAYOUTS["full"].technique is None and not LAYOUTS["closed_book"].passages
     assert LAYOUTS["block_no_pdep"].drop_pdep
+
+
+def test_the_lead_in_opens_the_first_segment_after_leading_text():
+    context = LayoutContext(block_size=16, longest_passage_tokens=100)
+    parts = LAYOUTS["leadin_refreshed_heads"].technique(context).documents(["a", "b"])
+    assert parts == [Dependent("Passages:\n"), Span("a", head="refreshed"), Span("b", head="refreshed")]
+    sdk = LAYOUTS["lead_text_leadin_refreshed_heads"].technique(context)
+    assert sdk.documents(["a", "b"]) == MarkerLeadIn(LeadInContext(as_text=True)).documents(["a", "b"]) == [
+        Text("a"), Dependent("Passages:\n"), Span("b", head="refreshed")]
 
 
 def test_sdk_techniques_register_only_when_present(monkeypatch):
