@@ -37,6 +37,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-prefix-sink-synthetic.json": 4,  # the same layouts, synthetic facts
     "accuracy-families-smollm2-cpu-leadin.json": 4,  # single facts: full, refreshed heads, two with the header
     "accuracy-families-smollm2-cpu-lead-text-500.json": 2,  # single facts: full, the first passage as text
+    "accuracy-families-smollm2-cpu-header-synthetic.json": 3,  # synthetic facts: full, text first, with the header
 }
 
 
@@ -819,3 +820,9 @@ def test_the_header_runs_places_pairings_and_shares_match_their_results() -> Non
               ("lead_text_header_refreshed_heads", "lead_text_refreshed_heads")}  # fmt: skip
     assert (f"{steady['lead_text_header_refreshed_heads']}% of a final prompt from the cache once spans are cached"
             in text and f"passage as text: {steady['lead_text_refreshed_heads']}% without it)" in text)
+    synthetic = _result("accuracy-families-smollm2-cpu-header-synthetic.json")["families"]["synthetic"]
+    gained, lost = _discordant([(q["answers"]["lead_text_leadin_refreshed_heads"]["correct"],
+                                 q["answers"]["lead_text_refreshed_heads"]["correct"]) for q in synthetic["questions"]])
+    assert f"the header changes {gained + lost} answers ({gained} right only with it, {lost} only without)" in text
+    share = _result("accuracy-layout-shares-smollm2.json")["families"]["synthetic"]["lead_text_header_refreshed_heads"]
+    assert f"Its steady share here is {round(100 * share['from_cache'])}%" in text
