@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from minipic_client.prompt import TECHNIQUES
 from minipic_client.scheduler import Strategy
 
 if TYPE_CHECKING:
@@ -107,16 +108,12 @@ _CACHE_SALT = typer.Option(
     None, "--cache-salt", help="Salt of every request: cached blocks are shared only between equal salts."
 )
 _LAYOUT = typer.Option(
-    None, "--layout", help="Document layout, fastest first: block, hidden-sink, prefix-sink, epic1, epic2, "
-    "refreshed-heads, lead-refreshed-heads, lead-text-refreshed-heads, lead-text-header-refreshed-heads, "
-    "lead2-text-refreshed-heads "
+    None, "--layout", help=f"Document layout, fastest first: {', '.join(TECHNIQUES)} "
     "(default: refreshed-heads where the server has hidden heads; docs/accuracy.md says what each costs)",
 )
 
 
 def _technique(layout: str | None) -> Technique | None:
-    from minipic_client.prompt import TECHNIQUES
-
     if layout is None:
         return None
     if layout not in TECHNIQUES:
