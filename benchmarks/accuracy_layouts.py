@@ -38,12 +38,14 @@ class LayoutContext:
 @dataclass(frozen=True)
 class Layout:
     """`technique` None: the plain prompt (full attention, no markers); `passages` False: the
-    question alone; `drop_pdep`: the technique's prompt without the question's PDep."""
+    question alone; `drop_pdep`: the technique's prompt without the question's PDep;
+    `task_first`: the question also before the passages (`TaskFirst`)."""
 
     description: str
     technique: Callable[[LayoutContext], Technique] | None = None
     passages: bool = True
     drop_pdep: bool = False
+    task_first: bool = False
 
 
 LAYOUTS: dict[str, Layout] = {}
@@ -92,6 +94,14 @@ register("leadin_refreshed_heads", "refreshed heads after a fixed lead-in `Depen
 register("lead_text_leadin_refreshed_heads", "the first passage as plain text, then the fixed header `Dependent` "
          "('Passages:'), the others as refreshed heads",
          technique=lambda ctx: TECHNIQUES["lead-text-header-refreshed-heads"])  # fmt: skip
+register("full_task_first", "plain prompt with the question also before the passages: full attention",
+         task_first=True)  # fmt: skip
+register("refreshed_heads_task_first", "the question also before the passages, as text continuing the prefix, so "
+         "every refreshed head is computed after it", technique=lambda ctx: minipic_client.RefreshedHeads(),
+         task_first=True)  # fmt: skip
+register("lead_text_leadin_refreshed_heads_task_first", "the question, then the first passage as text, the header "
+         "and the others as refreshed heads", technique=lambda ctx: TECHNIQUES["lead-text-header-refreshed-heads"],
+         task_first=True)  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 register_sdk("prefix_sink", "PrefixSink",
@@ -112,6 +122,19 @@ class MarkerLeadIn:
         parts = list(self.rest.documents(docs))
         first = next((i for i, part in enumerate(parts) if not isinstance(part, Text)), len(parts))
         return [*parts[:first], Dependent(self.text), *parts[first:]]
+
+
+@dataclass(frozen=True)
+class TaskFirst:
+    """`rest`'s parts after the task as text continuing the prompt's prefix (a query-aware
+    prompt): the passages' in-context tokens, refreshed heads among them, are computed
+    knowing the question; spans stay context-free, so their cache share is unchanged."""
+
+    rest: Technique
+    task: str
+
+    def documents(self, docs: Sequence[str]) -> list[Part]:
+        return [Text(f"{self.task}\n\n"), *self.rest.documents(docs)]
 
 
 @dataclass(frozen=True)
@@ -151,8 +174,9 @@ async def run_pass(
     def record(event: RequestEvent) -> None:
         ledger.add(event.kind, event.prompt_tokens, event.cached_tokens)
 
-    technique = layout.technique(context) if layout.technique else BlockAttention()  # plain prompts ignore it
-    requests = [RagRequest(p.task, p.docs if layout.passages else (), SYSTEM, technique=technique,
+    technique = layout.technique(context) if layout.technique else BlockAttention()  # plain prompts keep only its text
+    requests = [RagRequest(p.task, p.docs if layout.passages else (), SYSTEM,
+                           technique=TaskFirst(technique, p.task) if layout.task_first else technique,
                            max_tokens=max_tokens) for p in prompts]  # fmt: skip
     strategy = Strategy.ISPS if layout.technique else Strategy.BASELINE
     started = time.perf_counter()

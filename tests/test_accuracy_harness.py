@@ -20,6 +20,7 @@ from accuracy_layouts import (
     MarkerLeadIn,
     PassResult,
     Prompt,
+    TaskFirst,
     parse_counters,
     register_sdk,
     run_pass,
@@ -232,6 +233,14 @@ def test_the_lead_in_opens_the_first_segment_after_leading_text():
         Text("a"), Dependent("Passages:\n"), Span("b", head="refreshed")]
 
 
+def test_task_first_layouts_put_the_question_before_the_passages_as_text():
+    context = LayoutContext(block_size=16, longest_passage_tokens=100)
+    assert LAYOUTS["full_task_first"].task_first and LAYOUTS["full_task_first"].technique is None
+    rh = LAYOUTS["refreshed_heads_task_first"]
+    assert rh.task_first and TaskFirst(rh.technique(context), "Who?").documents(["a", "b"]) == [
+        Text("Who?\n\n"), Span("a", head="refreshed"), Span("b", head="refreshed")]
+
+
 def test_sdk_techniques_register_only_when_present(monkeypatch):
     class Fancy:
         pass
@@ -263,6 +272,9 @@ async def test_passes_count_computed_tokens_from_a_cold_cache(pic_server):
 
     full = await computed("full", "full")
     assert full.requests == {"final": 4}
+    asked_first = await computed("full_task_first", "full_task_first")  # a plain prompt, the question twice
+    question_tokens = sum(len(tokenizer.encode(f"{p.task}\n\n")) for p in prompts)
+    assert asked_first.requests == {"final": 4} and asked_first.prompt == full.prompt + question_tokens
     salt = uuid.uuid4().hex
     cold, again, other = await computed("block", salt), await computed("block", salt), await computed("block", "b")
     assert cold.requests["final"] == 4 and cold.requests["span"] >= 1
