@@ -38,6 +38,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-leadin.json": 4,  # single facts: full, refreshed heads, two with the header
     "accuracy-families-smollm2-cpu-lead-text-500.json": 2,  # single facts: full, the first passage as text
     "accuracy-families-smollm2-cpu-header-synthetic.json": 3,  # synthetic facts: full, text first, with the header
+    "accuracy-families-smollm2-h200-header-task-first.json": 24,  # 3 families x 8 layouts
 }
 
 
@@ -826,3 +827,57 @@ def test_the_header_runs_places_pairings_and_shares_match_their_results() -> Non
     assert f"the header changes {gained + lost} answers ({gained} right only with it, {lost} only without)" in text
     share = _result("accuracy-layout-shares-smollm2.json")["families"]["synthetic"]["lead_text_header_refreshed_heads"]
     assert f"Its steady share here is {round(100 * share['from_cache'])}%" in text
+
+
+def test_the_h200_header_and_task_first_run_matches_its_results() -> None:
+    """docs/accuracy.md on the H200 run of the header and the question first: by place, the
+    pairings, the steady share and how it compares with the 1,000-question run at 939740d."""
+    name = "accuracy-families-smollm2-h200-header-task-first.json"
+    layouts = ["full", "refreshed_heads", "lead_text_refreshed_heads", "lead_text_leadin_refreshed_heads",
+               "leadin_refreshed_heads", "full_task_first", "refreshed_heads_task_first"]
+    places = _by_place(name, layouts)
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for place, row in places.items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    text = " ".join(doc.split())
+    questions = _result(name)["families"]["single"]["questions"]
+    summary = _result(name)["families"]["single"]["summary"]
+
+    def pairing(layout: str, other: str) -> tuple[int, int, str]:
+        gained, lost = _discordant([(q["answers"][layout]["correct"], q["answers"][other]["correct"])
+                                    for q in questions])  # fmt: skip
+        p = mcnemar_exact(gained, lost)
+        return gained, lost, "p<0.001" if p < 0.001 else f"p={p:.3f}".rstrip("0")
+
+    def diff(layout: str) -> str:
+        return f"{summary[layout]['vs_full']['difference'] * 100:+.1f}"
+
+    header, text_lead = "lead_text_leadin_refreshed_heads", "lead_text_refreshed_heads"
+    g, lost, p = pairing(header, text_lead)
+    assert (f"the second place answers {places[2][4]} of {places[2][0]} with the header against {places[2][3]} "
+            f"without it (refreshed heads {places[2][2]}, full attention {places[2][1]})") in text
+    assert f"({places[1][4]} of {places[1][0]}, {places[1][3]} without; full attention {places[1][1]})" in text
+    assert (f"the header turns {g} answers right and {lost} wrong (exact McNemar {p}): {diff(header)} points "
+            f"from full attention against {diff(text_lead)} without it") in text
+    assert f"gains only {float(diff(header)) - float(diff(text_lead)):.1f} points overall" in text
+    g, lost, p = pairing(header, "refreshed_heads")
+    share = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]["lead_text_header_refreshed_heads"]
+    assert (f"answers {g} single-fact questions right that refreshed heads miss and misses {lost} they answer "
+            f"({p}); it takes {round(100 * share['from_cache'])}% of a final prompt") in text
+    g, lost, p = pairing("leadin_refreshed_heads", "refreshed_heads")
+    assert f"changes {g + lost} answers ({g} right only with it, {lost} only without, {p})" in text
+    pct_of = {layout: f"{summary[layout]['accuracy'] * 100:.1f}%" for layout in summary}
+    assert (f"answers {pct_of['full_task_first']} of single facts (full attention over the plain prompt "
+            f"{pct_of['full']}), refreshed heads {pct_of['refreshed_heads_task_first']}, and the last places "
+            f"collapse (the sixth: {places[6][6]} of {places[6][0]} against {places[6][1]})") in text
+    before = {q["id"]: q["answers"] for q in _result("accuracy-families-smollm2-h200-1000.json")["families"]["single"]
+              ["questions"]}  # fmt: skip
+    earlier = _result("accuracy-families-smollm2-h200-1000.json")["families"]["single"]["summary"]
+    assert all(earlier[k]["accuracy"] == summary[k]["accuracy"] for k in ("full", "refreshed_heads"))
+    changed = {layout: (sum(before[q["id"]][layout]["text"] != q["answers"][layout]["text"] for q in questions),
+                        sum(before[q["id"]][layout]["correct"] != q["answers"][layout]["correct"] for q in questions))
+               for layout in ("full", "refreshed_heads")}  # fmt: skip
+    assert (f"answer the same {pct_of['full']} and {pct_of['refreshed_heads']} as at 939740d" in text and
+            f"differ in text on {changed['refreshed_heads'][0]} of the 1,000 questions and in verdict on "
+            f"{changed['refreshed_heads'][1]}; full attention, on stock kernels, on {changed['full'][0]} and "
+            f"{changed['full'][1]}.") in text
