@@ -120,6 +120,22 @@ async def run_many(
     return [result for _, result in outcomes]
 
 
+async def test_rag_many_sends_requests_while_it_builds_the_later_jobs(fake_server, fake_client):
+    """The first prompts leave before the window's last job is built (tokenized): the server
+    starts while the client still lays out the rest."""
+    received_when_built: list[int] = []
+
+    def requests():
+        for request in many(12):  # fewer than one window (2 x max_in_flight)
+            received_when_built.append(len(fake_server.requests))
+            yield request
+
+    async with fake_client() as client:
+        outcomes = [o async for o in client.rag_many(requests())]
+    assert len(outcomes) == 12 and all(isinstance(r, RagResult) for _, r in outcomes)
+    assert received_when_built[0] == 0 and received_when_built[-1] > 0
+
+
 async def test_isps_sends_a_final_only_after_its_own_spans_without_a_barrier(
     fake_server, fake_client
 ):

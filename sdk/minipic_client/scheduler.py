@@ -371,6 +371,9 @@ async def run(
                 await asyncio.gather(prefill([job for _, job in ready]), return_exceptions=True)
             for i, job in ready:
                 running[asyncio.create_task(complete(job, started))] = i
+            # Let the tasks just started send before the next job is built: building (tokenizing)
+            # a whole window first would hold the first request back by as many jobs.
+            await asyncio.sleep(0)
             async for outcome in _drain(running, keep=0 if strategy.barrier else window - 1):
                 yield outcome
         async for outcome in _drain(running, keep=0):
