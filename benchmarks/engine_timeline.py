@@ -91,7 +91,8 @@ def _last_at(samples: list[dict[str, float]], t_s: float) -> dict[str, float]:
 def summarise(samples: list[dict[str, float]], parts: int = 10) -> dict:
     """Per tenth of the run (by time, from `Sampler.stop`'s samples): computed prompt tokens/s,
     generated tokens/s and the mean running and waiting requests; and the share of samples in
-    which no request waited (the engine ran all it had)."""
+    which no request waited (the engine ran all it had); `first_busy_s`: when the engine first held
+    a request or had counted a prompt token (the client's start-up before that is dead time)."""
     end = samples[-1]["t_s"]
     rows = []
     for part in range(parts):
@@ -105,5 +106,7 @@ def summarise(samples: list[dict[str, float]], parts: int = 10) -> dict:
                      "running": sum(s["running"] for s in inside) / len(inside),
                      "waiting": sum(s["waiting"] for s in inside) / len(inside)})  # fmt: skip
     last = samples[-1]
+    busy = next((s["t_s"] for s in samples if s["running"] or s["waiting"] or s["prompt_tokens"]), end)
     return {"seconds": end, "parts": rows, "nothing_waiting": sum(s["waiting"] == 0 for s in samples) / len(samples),
+            "first_busy_s": busy,
             "request_seconds": {field: last[field] for field in ("server_s", "queued_s", "inference_s")}}

@@ -7,6 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
+import engine_timeline
 import gpu_profile
 import pytest
 import tables
@@ -128,6 +129,7 @@ ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
 INLINE = "minipic ISPS inline spans, max-num-seqs 256"
 LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
 TABLE1_32 = "served-h200-table1-72ee0db-32-tokens.json"  # the same at 32 generated tokens, a later kernel
+BLOCK_32 = "served-h200-table1-4d50e12-32-tokens.json"  # Block-Attention at 32 tokens, the client without its dead start
 
 
 def _table1_medians(name: str, configuration: str) -> dict[int, dict]:
@@ -191,8 +193,9 @@ def _readme_figures() -> list[str]:
         f"which takes {floor:.3f} s to answer the same 32-document prompt fully cached",
         f"**{_ratio(LATEST, f'{ISPS}, refreshed-heads', 1)}** stock's samples/s (median of 3 runs, commit 8b98355; "
         f"{_ratio(TABLE1_32, f'{ISPS}, refreshed-heads', 32)} with 32 generated tokens on commit 72ee0db",
-        f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio(TABLE1_32, f'{ISPS}, block', 32)} with 32 "
-        f"generated tokens on commit 72ee0db; {_ratio('served-h200.json', ISPS, 1)} on commit 99f8fb0)",
+        f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio(BLOCK_32, ISPS, 32)} with 32 "
+        f"generated tokens on commit 4d50e12; {_ratio('served-h200.json', ISPS, 1)} on commit 99f8fb0)",
+        f"where decode over short moved contexts takes {_attention_ratio('decode_146_served_moved_spans'):.2f}x FA3's time",
         f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
         f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
         f"Attention takes {_attention_range('attention-h200-a4b6f6a-hidden-mask.json', 'prefill_')} FA3's time",
@@ -881,3 +884,51 @@ def test_the_h200_header_and_task_first_run_matches_its_results() -> None:
             f"differ in text on {changed['refreshed_heads'][0]} of the 1,000 questions and in verdict on "
             f"{changed['refreshed_heads'][1]}; full attention, on stock kernels, on {changed['full'][0]} and "
             f"{changed['full'][1]}.") in text
+
+
+def _attention_ratio(case: str, name: str = "attention-h200-7e20d4e-served-decode.json") -> float:
+    """MiniPIC's time over FA3's for one case of a kernel benchmark's timed cases."""
+    return next(r["ratio"] for r in _result(name)["times"] if r["case"] == case)
+
+
+def test_the_dead_start_and_decode_at_served_shapes_match_their_results() -> None:
+    """docs/benchmarks.md's latest section: the engine's idle start before and after 4d50e12, the
+    waiting shares, the speeds through the new client, and the decode launch-shape comparison."""
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    factor2, new = "served-h200-table1-f9172cd-32-tokens-factor2.json", BLOCK_32
+
+    def busy(name: str) -> tuple[float, float]:
+        starts = [engine_timeline.summarise(r["timeline"])["first_busy_s"] for r in _result(name)["table1"]]
+        return min(starts), max(starts)
+
+    def median(name: str, configuration: str) -> dict:
+        return _table1_medians(name, configuration)[32]
+
+    def idle(name: str) -> str:
+        return f"{engine_timeline.summarise(median(name, ISPS)['timeline'])['nothing_waiting']:.0%}"
+
+    old_start, new_start = busy(factor2), busy(new)
+    assert f"the engine idle for the first {old_start[0]:.1f}-{old_start[1]:.1f} s of every run" in doc
+    assert f"the engine's first step comes {new_start[0]:.2f}-{new_start[1]:.2f} s into a run" in doc
+    assert f"no request waiting in only {idle(factor2)} of its timeline samples" in doc
+    assert f"again had no request waiting in {idle(new)} of its samples" in doc
+    assert (f"(stock {median(new, STOCK_FA3)['samples_per_s']:.1f} samples/s against "
+            f"{median(TABLE1_32, STOCK_FA3)['samples_per_s']:.1f} at 72ee0db at the same cap, MiniPIC "
+            f"{median(new, ISPS)['samples_per_s']:.1f} against {median(TABLE1_32, f'{ISPS}, block')['samples_per_s']:.1f})"
+            ) in doc
+    assert f"**{_ratio(new, ISPS, 32)}** at 32 tokens" in doc
+    configs = {}
+    for row in _result("attention-h200-7e20d4e-served-decode.json")["decode_configs"]:
+        config = row["config"]
+        configs.setdefault((config["block_n"], config["num_warps"], config["num_stages"]), {})[row["case"]] = row["ratio"]
+    served = [f"{configs[64, 2, 3][c]:.2f}x" for c in ("decode_146_served_moved_spans", "decode_146_served_with_finals",
+                                                         "decode_146_served_big_cache")]  # fmt: skip
+    assert f"brings the served cases to {' / '.join(served)}" in doc
+    others = [c for c in configs[64, 2, 4] if "served" not in c]
+    assert max(abs(configs[64, 2, 3][c] - configs[64, 2, 4][c]) for c in others) <= 0.02 + 5e-3
+    moved = {c: _attention_ratio(c) for c in ("decode_146_served_moved_spans", "decode_146_served_with_finals",
+                                              "decode_146_served_big_cache", "decode_64x4096_moved")}  # fmt: skip
+    assert (f"decode takes {moved['decode_146_served_moved_spans']:.2f}x FA3's time "
+            f"({moved['decode_146_served_with_finals']:.2f}x beside 24 final prompts in the same launch, "
+            f"{moved['decode_146_served_big_cache']:.2f}x over a cache of the served run's size), where 64 requests "
+            f"of 4,096 moved keys take {moved['decode_64x4096_moved']:.2f}x") in doc

@@ -61,5 +61,6 @@ async def test_the_sampled_counters_add_up_to_what_the_server_answered(pic_serve
     assert sum(p["computed_prompt_tokens_per_s"] * tenth for p in summary["parts"]) == pytest.approx(
         last["prompt_tokens"] - cached, abs=1e-6)  # fmt: skip
     assert 0.0 <= summary["nothing_waiting"] <= 1.0
+    assert 0.0 < summary["first_busy_s"] < summary["seconds"]  # idle until the first request arrived
     spent = summary["request_seconds"]  # one request at a time: each one's server time lies inside the client's
     assert 0.0 <= spent["queued_s"] <= spent["server_s"] and 0.0 < spent["inference_s"] <= spent["server_s"] < held
