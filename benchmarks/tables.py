@@ -122,7 +122,8 @@ def _timelines(rows: list[dict]) -> Iterator[str]:
         summary = summarise(run["timeline"])
         spent = summary["request_seconds"]
         yield (f"{name}, max_tokens {max_tokens}, repeat {run['repeat']}: {summary['seconds']:.1f} s, the engine "
-               f"busy from {summary['first_busy_s']:.2f} s, no request waiting in {summary['nothing_waiting']:.0%} of {len(run['timeline'])} samples; prompt-seconds: "
+               f"busy from {summary['first_busy_s']:.2f} s, no request waiting in {summary['nothing_waiting']:.0%} "
+               f"of {len(run['timeline'])} samples; prompt-seconds: "
                f"{run['client_prompt_seconds']:,.0f} held by the client, {spent['server_s']:,.0f} on the server "
                f"({spent['queued_s']:,.0f} queued in the engine, {spent['inference_s']:,.0f} scheduled), "
                f"{run['client_prompt_seconds'] - spent['server_s']:,.0f} outside it")  # fmt: skip
