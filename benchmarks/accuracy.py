@@ -32,6 +32,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from results_io import write_result
+
 from minipic_client import SpanClient, Tokenizer
 from minipic_server.launch import local_server
 
@@ -186,7 +188,7 @@ def main() -> None:
         "families": {name: family_report(name, qs, results[name], lengths) for name, qs in families.items()},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_result(args.out, report)  # ``--out NAME.json.gz``: compressed
     print_table(report)
     print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
 

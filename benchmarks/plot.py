@@ -9,13 +9,13 @@ Each figure is drawn only from its JSON file, so a figure always shows a measure
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from results_io import read_result, result_stem  # noqa: E402
 from tables import median_run, table1_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -265,12 +265,12 @@ def main() -> None:
     for source, target, draw in FIGURES:
         path = args.results / source
         if path.exists():
-            draw(json.loads(path.read_text()), args.docs / target)
+            draw(read_result(path), args.docs / target)
             print(f"{path} -> {args.docs / target}")
-    for path in sorted(args.results.glob("accuracy*.json")):  # the family harness's results
-        data = json.loads(path.read_text())
+    for path in sorted(args.results.glob("accuracy*.json*")):  # the family harness's results
+        data = read_result(path)
         if str(data.get("schema", "")).startswith("minipic-accuracy"):
-            target = args.docs / f"{path.stem}-pareto.png"
+            target = args.docs / f"{result_stem(path)}-pareto.png"
             accuracy_pareto(data, target)
             print(f"{path} -> {target}")
 

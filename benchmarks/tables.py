@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
 from engine_timeline import summarise
 from gpu_profile import engine_steps, is_step, steps_of
+from results_io import read_result
 
 
 def _row(*cells: object) -> str:
@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("kind", choices=list(TABLES))
     parser.add_argument("path", type=Path)
     args = parser.parse_args()
-    for text in TABLES[args.kind](json.loads(args.path.read_text())):
+    for text in TABLES[args.kind](read_result(args.path)):
         print(text)
 
 

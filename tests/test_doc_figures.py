@@ -11,6 +11,7 @@ import engine_timeline
 import gpu_profile
 import pytest
 import tables
+from results_io import read_result
 
 from accuracy_stats import mcnemar_exact
 
@@ -26,8 +27,8 @@ ROW = re.compile(
 
 # Rows each family-harness result has in docs/accuracy.md's tables.
 ACCURACY_TABLE_ROWS = {
-    "accuracy-families-smollm2-h200-1000.json": 21,  # 3 families x 7 layouts
-    "accuracy-families-smollm2-h200.json": 21,
+    "accuracy-families-smollm2-h200-1000.json.gz": 21,  # 3 families x 7 layouts
+    "accuracy-families-smollm2-h200.json.gz": 21,
     "accuracy-families-smollm2-cpu-newline.json": 2,  # single facts: full, refreshed heads
     "accuracy-families-smollm2-cpu-own.json": 2,
     "accuracy-families-smollm2-cpu-lead.json": 3,  # single facts: full, refreshed heads, lead in context
@@ -39,7 +40,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-leadin.json": 4,  # single facts: full, refreshed heads, two with the header
     "accuracy-families-smollm2-cpu-lead-text-500.json": 2,  # single facts: full, the first passage as text
     "accuracy-families-smollm2-cpu-header-synthetic.json": 3,  # synthetic facts: full, text first, with the header
-    "accuracy-families-smollm2-h200-header-task-first.json": 24,  # 3 families x 8 layouts
+    "accuracy-families-smollm2-h200-header-task-first.json.gz": 24,  # 3 families x 8 layouts
 }
 
 
@@ -81,7 +82,7 @@ def test_accuracy_tables_match_their_results() -> None:
     assert rows == ACCURACY_TABLE_ROWS
 
 
-RESULT_FILE = re.compile(r"([\w.-]+\.json)")
+RESULT_FILE = re.compile(r"([\w.-]+\.json(?:\.gz)?)")
 TABLE_KINDS = {"served": "served", "attention": "attention", "client-concurrency": "concurrency", "load": "load"}
 
 
@@ -90,7 +91,7 @@ def _printed(name: str) -> list[str] | None:
     kind = next((k for prefix, k in TABLE_KINDS.items() if name.startswith(prefix)), None)
     if kind is None:
         return None
-    data = json.loads((ROOT / "benchmarks/results" / name).read_text())
+    data = read_result(ROOT / "benchmarks/results" / name)
     return [line for text in tables.TABLES[kind](data) for line in text.split("\n")]
 
 
@@ -164,7 +165,7 @@ def test_accuracy_speed_table_matches_its_results() -> None:
 
 
 def _result(name: str) -> dict:
-    return json.loads((ROOT / "benchmarks/results" / name).read_text())
+    return read_result(ROOT / "benchmarks/results" / name)
 
 
 def _ratio(name: str, configuration: str, max_tokens: int) -> str:
@@ -380,7 +381,7 @@ def test_the_first_place_figures_of_the_lead_run_and_of_the_h200_markers_match_t
     text = " ".join(doc.split())
     _, full, refreshed, leading = lead[1]
     assert f"wins back {leading - refreshed} of the first place's {full - refreshed} lost answers" in text
-    markers = _by_place("accuracy-families-smollm2-h200.json", ["full", "pdep_passages"])
+    markers = _by_place("accuracy-families-smollm2-h200.json.gz", ["full", "pdep_passages"])
     questions, full, pdep = (sum(markers[p][i] for p in markers if p > 1) for i in range(3))
     first = markers[1]
     assert (f"answers {first[2]} of the {first[0]} first-place questions against full attention's {first[1]}, "
@@ -425,7 +426,7 @@ def test_the_text_lead_runs_places_and_pairing_match_their_results() -> None:
 def test_the_h200_run_of_1000_questions_by_place_and_pairings_match_its_results() -> None:
     """docs/accuracy.md on the 1,000-question run: single facts by place, where refreshed heads
     lose, and the text leads against refreshed heads on the same questions."""
-    name = "accuracy-families-smollm2-h200-1000.json"
+    name = "accuracy-families-smollm2-h200-1000.json.gz"
     layouts = ["full", "refreshed_heads", "lead_text_refreshed_heads", "lead2_text_refreshed_heads", "pdep_passages"]
     places = _by_place(name, layouts)
     doc = (ROOT / "docs/accuracy.md").read_text()
@@ -452,7 +453,7 @@ def test_the_h200_run_of_1000_questions_by_place_and_pairings_match_its_results(
 
 def test_the_h200_run_of_1000_questions_summary_figures_match_its_results() -> None:
     """The figures docs/accuracy.md's bullets quote from the 1,000-question run and the layout shares."""
-    families = _result("accuracy-families-smollm2-h200-1000.json")["families"]
+    families = _result("accuracy-families-smollm2-h200-1000.json.gz")["families"]
     shares = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]
 
     def acc(family: str, layout: str) -> float:
@@ -836,7 +837,7 @@ def test_the_header_runs_places_pairings_and_shares_match_their_results() -> Non
 def test_the_h200_header_and_task_first_run_matches_its_results() -> None:
     """docs/accuracy.md on the H200 run of the header and the question first: by place, the
     pairings, the steady share and how it compares with the 1,000-question run at 939740d."""
-    name = "accuracy-families-smollm2-h200-header-task-first.json"
+    name = "accuracy-families-smollm2-h200-header-task-first.json.gz"
     layouts = ["full", "refreshed_heads", "lead_text_refreshed_heads", "lead_text_leadin_refreshed_heads",
                "leadin_refreshed_heads", "full_task_first", "refreshed_heads_task_first"]
     places = _by_place(name, layouts)
@@ -877,9 +878,9 @@ def test_the_h200_header_and_task_first_run_matches_its_results() -> None:
     assert (f"answers {pct_of['full_task_first']} of single facts (full attention over the plain prompt "
             f"{pct_of['full']}), refreshed heads {pct_of['refreshed_heads_task_first']}, and the last places "
             f"collapse (the sixth: {places[6][6]} of {places[6][0]} against {places[6][1]})") in text
-    before = {q["id"]: q["answers"] for q in _result("accuracy-families-smollm2-h200-1000.json")["families"]["single"]
-              ["questions"]}  # fmt: skip
-    earlier = _result("accuracy-families-smollm2-h200-1000.json")["families"]["single"]["summary"]
+    earlier_run = _result("accuracy-families-smollm2-h200-1000.json.gz")["families"]["single"]
+    before = {q["id"]: q["answers"] for q in earlier_run["questions"]}
+    earlier = earlier_run["summary"]
     assert all(earlier[k]["accuracy"] == summary[k]["accuracy"] for k in ("full", "refreshed_heads"))
     changed = {layout: (sum(before[q["id"]][layout]["text"] != q["answers"][layout]["text"] for q in questions),
                         sum(before[q["id"]][layout]["correct"] != q["answers"][layout]["correct"] for q in questions))
