@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MiniPIC's H200 benchmarks in one device call (after the two-call vLLM bundle of
-# ../shared/device/README.md, whose first call `bash tools/device-stage-halves.sh` splits in two
-# when the checkout no longer fits beside it). Carry: .devbundle/b, .devdata (Llama-3.1-8B config.json,
+# ../shared/device/README.md, whose first call `tools/device-halves.sh` splits in two when the
+# checkout no longer fits beside it). Carry: .devbundle/b, .devdata (Llama-3.1-8B config.json,
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
 # and .whl (the SDK's httpx-sse and httpx-aiohttp, py-spy for --profile): `bash
 # tools/device-carry.sh` makes both. Usage, from the repository root:
