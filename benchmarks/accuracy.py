@@ -55,7 +55,7 @@ async def run(
 ) -> dict[str, dict[str, PassResult]]:  # fmt: skip
     """Every (family, layout) pass, one after another, each under its own cache salt."""
     async with SpanClient(url, tokenizer=tokenizer, **client_options) as probe:
-        context = LayoutContext(probe.info.block_size, longest)
+        context = LayoutContext(probe.info.block_size, longest, tokenizer)
     results: dict[str, dict[str, PassResult]] = {}
     for family, questions in families.items():
         prompts = [Prompt(q.question, tuple(corpus.texts[i] for i in q.passages)) for q in questions]

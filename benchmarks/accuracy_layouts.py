@@ -20,7 +20,7 @@ import httpx
 
 import minipic_client
 from minipic_client import BlockAttention, Epic, RagRequest, RequestEvent, SpanClient, Strategy, Tokenizer
-from minipic_client.prompt import TECHNIQUES, Dependent, Part, Technique, Text
+from minipic_client.prompt import TECHNIQUES, Dependent, Part, Span, Technique, Text
 
 from accuracy_stats import TokenLedger
 
@@ -29,10 +29,12 @@ SYSTEM = "Answer the question with a short phrase, using only the passages."
 
 @dataclass(frozen=True)
 class LayoutContext:
-    """What a technique may depend on: the server's block size, the longest passage of the run."""
+    """What a technique may depend on: the server's block size, the longest passage of the run,
+    the client's tokenizer (None where no technique of the run needs it)."""
 
     block_size: int
     longest_passage_tokens: int
+    tokenizer: Tokenizer | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,9 @@ register("refreshed_heads_task_first", "the question also before the passages, a
 register("lead_text_leadin_refreshed_heads_task_first", "the question, then the first passage as text, the header "
          "and the others as refreshed heads", technique=lambda ctx: TECHNIQUES["lead-text-header-refreshed-heads"],
          task_first=True)  # fmt: skip
+register("trailing_heads", "each passage a span whose first block is hidden from what follows, and every "
+         "passage's first block-1 tokens recomputed after all passages, before the question: the new tokens of a "
+         "final prompt contiguous", technique=lambda ctx: TrailingHeads(ctx.block_size - 1, ctx.tokenizer))  # fmt: skip
 register_sdk("hidden_sink", "HiddenSink",
              "Block-Attention with each passage's first block hidden from everything after its span")
 register_sdk("prefix_sink", "PrefixSink",
@@ -135,6 +140,32 @@ class TaskFirst:
 
     def documents(self, docs: Sequence[str]) -> list[Part]:
         return [Text(f"{self.task}\n\n"), *self.rest.documents(docs)]
+
+
+@dataclass(frozen=True)
+class TrailingHeads:
+    """Refreshed heads moved to the end: every document a hidden-head span, then each document's
+    first `head_tokens` tokens as a `Dependent` of its own, in order, before the task. The
+    recomputed tokens of a final prompt are then one contiguous run that one engine step
+    computes, where refreshed heads interleave them with cached spans."""
+
+    head_tokens: int
+    tokenizer: Tokenizer | None
+
+    def documents(self, docs: Sequence[str]) -> list[Part]:
+        if self.tokenizer is None:
+            raise ValueError("TrailingHeads needs the run's tokenizer (LayoutContext.tokenizer)")
+        heads = [Dependent(leading_text(self.tokenizer, doc, self.head_tokens)) for doc in docs]
+        return [*(Span(doc, head="hidden") for doc in docs), *heads]
+
+
+def leading_text(tokenizer: Tokenizer, text: str, tokens: int) -> str:
+    """The shortest start of `text` that encodes to its first `tokens` token ids."""
+    target = tokenizer.encode(text)[:tokens]
+    for end in range(1, len(text) + 1):
+        if tokenizer.encode(text[:end])[:tokens] == target and len(tokenizer.encode(text[:end])) >= len(target):
+            return text[:end]
+    return text
 
 
 @dataclass(frozen=True)
