@@ -241,6 +241,22 @@ def test_task_first_layouts_put_the_question_before_the_passages_as_text():
         Text("Who?\n\n"), Span("a", head="refreshed"), Span("b", head="refreshed")]
 
 
+def test_trailing_heads_hide_each_span_head_and_recompute_it_before_the_task(tiny_model_dir):
+    tokenizer = Tokenizer.from_pretrained(tiny_model_dir)
+    docs = ["Anna Abel( 3 May 1850 – 9 June 1920) was a film director from a small town by the river.\n\n",
+            "Picture 7 is a 1937 film directed by Boris Brandt, shot in winter on the northern coast.\n\n"]
+    context = LayoutContext(block_size=16, longest_passage_tokens=100, tokenizer=tokenizer)
+    parts = LAYOUTS["trailing_heads"].technique(context).documents(docs)
+    assert parts[:2] == [Span(doc, head="hidden") for doc in docs]
+    heads = [part.text for part in parts[2:]]
+    assert all(isinstance(part, Dependent) for part in parts[2:]) and len(heads) == 2
+    for doc, head in zip(docs, heads, strict=True):
+        ids = tokenizer.encode(head)  # more than 15 only where a character spans several byte tokens
+        assert doc.startswith(head) and ids[:15] == tokenizer.encode(doc)[:15] and len(ids) <= 18
+    with pytest.raises(ValueError, match="needs the run's tokenizer"):
+        LAYOUTS["trailing_heads"].technique(LayoutContext(16, 100)).documents(docs)
+
+
 def test_sdk_techniques_register_only_when_present(monkeypatch):
     class Fancy:
         pass
