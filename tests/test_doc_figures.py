@@ -41,6 +41,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-lead-text-500.json": 2,  # single facts: full, the first passage as text
     "accuracy-families-smollm2-cpu-header-synthetic.json": 3,  # synthetic facts: full, text first, with the header
     "accuracy-families-smollm2-h200-header-task-first.json.gz": 24,  # 3 families x 8 layouts
+    "accuracy-families-smollm2-cpu-trailing-heads.json": 2,  # single facts: full, heads after the passages
 }
 
 
@@ -938,3 +939,15 @@ def test_the_dead_start_and_decode_at_served_shapes_match_their_results() -> Non
             f"({moved['decode_146_served_with_finals']:.2f}x beside 24 final prompts in the same launch, "
             f"{moved['decode_146_served_big_cache']:.2f}x over a cache of the served run's size), where 64 requests "
             f"of 4,096 moved keys take {moved['decode_64x4096_moved']:.2f}x") in doc
+
+
+def test_the_trailing_heads_pairing_matches_its_results() -> None:
+    """docs/accuracy.md on `trailing_heads` against the header run's refreshed heads, same questions."""
+    trailing = _result("accuracy-families-smollm2-cpu-trailing-heads.json")["families"]["single"]["questions"]
+    header = _result("accuracy-families-smollm2-cpu-leadin.json")["families"]["single"]["questions"]
+    pairs = list(zip(trailing, header, strict=True))
+    assert all(a["answers"]["full"]["text"] == b["answers"]["full"]["text"] for a, b in pairs)
+    gained, lost = _discordant([(a["answers"]["trailing_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
+                                for a, b in pairs])  # fmt: skip
+    text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert f"it answers {gained} questions right that they miss and misses {lost} they answer" in text
