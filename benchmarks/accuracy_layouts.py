@@ -163,10 +163,8 @@ def leading_text(tokenizer: Tokenizer, text: str, tokens: int) -> str:
     """The shortest start of `text` whose ids begin with the first `tokens` ids of `text` (a few
     more where the last of them is part of a character that spans several byte tokens)."""
     target = tokenizer.encode(text)[:tokens]
-    for end in range(1, len(text) + 1):
-        if tokenizer.encode(text[:end])[:tokens] == target and len(tokenizer.encode(text[:end])) >= len(target):
-            return text[:end]
-    return text
+    return next((text[:end] for end in range(1, len(text) + 1) if tokenizer.encode(text[:end])[:tokens] == target),
+                text)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 import engine_timeline
@@ -52,6 +53,14 @@ def pct(value: float) -> str:
 def _discordant(pairs: list[tuple[bool, bool]]) -> tuple[int, int]:
     """Of paired verdicts (this layout, the other): right only here, right only there."""
     return sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
+
+
+def _pairing(answers: Iterable[dict], layout: str, other: str) -> tuple[int, int, str]:
+    """Over each question's answers: right only with `layout`, right only with `other`, and the
+    exact McNemar p-value as the docs write it."""
+    gained, lost = _discordant([(a[layout]["correct"], a[other]["correct"]) for a in answers])
+    p = mcnemar_exact(gained, lost)
+    return gained, lost, "p<0.001" if p < 0.001 else f"p={p:.3f}".rstrip("0")
 
 
 def test_accuracy_tables_match_their_results() -> None:
@@ -810,9 +819,7 @@ def test_the_header_runs_places_pairings_and_shares_match_their_results() -> Non
     merged = {i: answers[header][i] | a for i, a in answers[control].items()}
 
     def pairing(layout: str, other: str) -> tuple[int, int, str]:
-        gained, lost = _discordant([(a[layout]["correct"], a[other]["correct"]) for a in merged.values()])
-        p = mcnemar_exact(gained, lost)
-        return gained, lost, "p<0.001" if p < 0.001 else f"p={p:.3f}".rstrip("0")
+        return _pairing(merged.values(), layout, other)
 
     g, lost, p = pairing("leadin_refreshed_heads", "refreshed_heads")
     assert f"changes {g + lost} answers ({g} right only with it, {lost} only without, exact McNemar {p})" in text
@@ -850,10 +857,7 @@ def test_the_h200_header_and_task_first_run_matches_its_results() -> None:
     summary = _result(name)["families"]["single"]["summary"]
 
     def pairing(layout: str, other: str) -> tuple[int, int, str]:
-        gained, lost = _discordant([(q["answers"][layout]["correct"], q["answers"][other]["correct"])
-                                    for q in questions])  # fmt: skip
-        p = mcnemar_exact(gained, lost)
-        return gained, lost, "p<0.001" if p < 0.001 else f"p={p:.3f}".rstrip("0")
+        return _pairing((q["answers"] for q in questions), layout, other)
 
     def diff(layout: str) -> str:
         return f"{summary[layout]['vs_full']['difference'] * 100:+.1f}"
