@@ -503,9 +503,10 @@ _PREFILL = {
 }
 _DECODE = {
     64: AttentionConfig(16, 64, 2, 3),
-    # 4 stages: decode over moved blocks (fp32 rotation then) 1.14x FA3's time against 1.19x with 3, at origin the
-    # same (benchmarks/results/attention-h200-f1c082d-decode-configs.json); 5 or 6 slow it at origin by up to 34%.
-    128: AttentionConfig(16, 64, 2, 4),
+    # 3 stages: at the served shapes (146 requests over 1,000-1,500 moved keys) 1.15x FA3's time against 1.21x with
+    # 4, every other case within 0.02 (benchmarks/results/attention-h200-7e20d4e-served-decode.json); 5 or 6 slow
+    # decode at origin by up to 34% (attention-h200-f1c082d-decode-configs.json).
+    128: AttentionConfig(16, 64, 2, 3),
     256: AttentionConfig(16, 32, 4, 2),
 }
 
