@@ -243,6 +243,7 @@ FIGURES = (
     ("served-h200-table1-8b98355.json", "served-table1-8b98355.png", served_table1),
     ("served-h200-table1-72ee0db-32-tokens.json", "served-table1-72ee0db-32-tokens.png", served_table1),
     ("served-h200-table1-4d50e12-32-tokens.json", "served-table1-4d50e12-32-tokens.png", served_table1),
+    ("served-h200-table1-0c72868-32-tokens.json", "served-table1-0c72868-32-tokens.png", served_table1),
     ("served-h200-spans.json", "served-figure2.png", served_figure2),
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),

@@ -140,7 +140,8 @@ ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
 INLINE = "minipic ISPS inline spans, max-num-seqs 256"
 LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
 TABLE1_32 = "served-h200-table1-72ee0db-32-tokens.json"  # the same at 32 generated tokens, a later kernel
-BLOCK_32 = "served-h200-table1-4d50e12-32-tokens.json"  # Block-Attention at 32 tokens, no client dead start
+DEAD_START_FIXED = "served-h200-table1-4d50e12-32-tokens.json"  # Block-Attention at 32 tokens, no client dead start
+BLOCK_32 = "served-h200-table1-0c72868-32-tokens.json"  # the same with decode at three pipeline stages
 
 
 def _table1_medians(name: str, configuration: str) -> dict[int, dict]:
@@ -205,8 +206,8 @@ def _readme_figures() -> list[str]:
         f"**{_ratio(LATEST, f'{ISPS}, refreshed-heads', 1)}** stock's samples/s (median of 3 runs, commit 8b98355; "
         f"{_ratio(TABLE1_32, f'{ISPS}, refreshed-heads', 32)} with 32 generated tokens on commit 72ee0db",
         f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio(BLOCK_32, ISPS, 32)} with 32 "
-        f"generated tokens on commit 4d50e12; {_ratio('served-h200.json', ISPS, 1)} on commit 99f8fb0)",
-        f"where decode over short moved contexts takes {_attention_ratio('decode_146_served_moved_spans'):.2f}x "
+        f"generated tokens on commit 0c72868; {_ratio('served-h200.json', ISPS, 1)} on commit 99f8fb0)",
+        f"where decode over short moved contexts takes {_decode_configs()[64, 2, 3]['decode_146_served_moved_spans']:.2f}x "
         "FA3's time",
         f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
         f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
@@ -901,11 +902,20 @@ def _attention_ratio(case: str, name: str = "attention-h200-7e20d4e-served-decod
     return next(r["ratio"] for r in _result(name)["times"] if r["case"] == case)
 
 
+def _decode_configs(name: str = "attention-h200-7e20d4e-served-decode.json") -> dict[tuple[int, int, int], dict]:
+    """MiniPIC / FA3 per decode case, for each (BLOCK_N, warps, stages) of a kernel benchmark's sweep."""
+    configs: dict[tuple[int, int, int], dict] = {}
+    for row in _result(name)["decode_configs"]:
+        config = row["config"]
+        configs.setdefault((config["block_n"], config["num_warps"], config["num_stages"]), {})[row["case"]] = row["ratio"]
+    return configs
+
+
 def test_the_dead_start_and_decode_at_served_shapes_match_their_results() -> None:
     """docs/benchmarks.md's latest section: the engine's idle start before and after 4d50e12, the
     waiting shares, the speeds through the new client, and the decode launch-shape comparison."""
     doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
-    factor2, new = "served-h200-table1-f9172cd-32-tokens-factor2.json", BLOCK_32
+    factor2, new = "served-h200-table1-f9172cd-32-tokens-factor2.json", DEAD_START_FIXED
 
     def busy(name: str) -> tuple[float, float]:
         starts = [engine_timeline.summarise(r["timeline"])["first_busy_s"] for r in _result(name)["table1"]]
@@ -927,11 +937,7 @@ def test_the_dead_start_and_decode_at_served_shapes_match_their_results() -> Non
             f"{median(TABLE1_32, STOCK_FA3)['samples_per_s']:.1f} at 72ee0db at the same cap, MiniPIC "
             f"{median(new, ISPS)['samples_per_s']:.1f} against {before:.1f})") in doc
     assert f"**{_ratio(new, ISPS, 32)}** at 32 tokens" in doc
-    configs = {}
-    for row in _result("attention-h200-7e20d4e-served-decode.json")["decode_configs"]:
-        config = row["config"]
-        shape = (config["block_n"], config["num_warps"], config["num_stages"])
-        configs.setdefault(shape, {})[row["case"]] = row["ratio"]
+    configs = _decode_configs()
     served = [f"{configs[64, 2, 3][c]:.2f}x" for c in ("decode_146_served_moved_spans", "decode_146_served_with_finals",
                                                          "decode_146_served_big_cache")]  # fmt: skip
     assert f"brings the served cases to {' / '.join(served)}" in doc
@@ -955,3 +961,27 @@ def test_the_trailing_heads_pairing_matches_its_results() -> None:
                                 for a, b in pairs])  # fmt: skip
     text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert f"it answers {gained} questions right that they miss and misses {lost} they answer" in text
+
+
+def test_the_three_stage_decode_section_matches_its_results() -> None:
+    """docs/benchmarks.md's latest section: the GPU suite at 0c72868, Table 1 at 32 tokens against
+    4d50e12's, and the diagnostic run with twice the prompts in flight."""
+    doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    for suite, passed in (("gpu", 5), ("reference", 22)):
+        record = _result(f"gpu-test-h200-0c72868-{suite}-suite.json")
+        assert record["commit"] == "0c72868" and not record["dirty"] and record["complete"]
+        assert (record["passed"], record["failed"]) == (passed, 0)
+    assert f"**{_ratio(BLOCK_32, ISPS, 32)}** against 4d50e12's {_ratio(DEAD_START_FIXED, ISPS, 32)}" in doc
+
+    def spread(name: str) -> str:
+        runs = [r["samples_per_s"] for r in _result(name)["table1"] if r["row"] == ISPS]
+        return f"{min(runs):.1f}-{max(runs):.1f}"
+
+    assert f"(MiniPIC {spread(BLOCK_32)} samples/s here, {spread(DEAD_START_FIXED)} there)" in doc
+    waiting = engine_timeline.summarise(_table1_medians(BLOCK_32, ISPS)[32]["timeline"])["nothing_waiting"]
+    assert f"no request waiting in {waiting:.0%} of its median run's samples" in doc
+    factor2 = "served-h200-table1-0c72868-32-tokens-factor2.json"
+    stock, ours = _table1_medians(factor2, STOCK_FA3)[32], _table1_medians(factor2, ISPS)[32]
+    assert (f"stock {stock['samples_per_s']:.1f}, MiniPIC {ours['samples_per_s']:.1f} samples/s, "
+            f"**{_ratio(factor2, ISPS, 32)}**") in doc
+    assert f"no request waiting in {engine_timeline.summarise(ours['timeline'])['nothing_waiting']:.0%} of MiniPIC's" in doc
