@@ -196,6 +196,7 @@ def _readme_figures() -> list[str]:
     at_32 = [r for r in spans["figure2"] if r["k"] == 32]
     cached = statistics.median(r["pic_cached_ttft_s"] for r in at_32 if "pic_cached_ttft_s" in r)
     uncached = statistics.median(r["stock_uncached_ttft_s"] for r in at_32 if "stock_uncached_ttft_s" in r)
+    short_moved = _decode_configs()[64, 2, 3]["decode_146_served_moved_spans"]  # the three-stage launch of 0c72868
     moved = _moved_decode(ROTATION_DTYPES["bf16_math_bf16_table"]["runs"][0])["decode_64x4096_moved"]
     replicas = _result("replicas-h200-7139fcd.json")["summary"]
     warm = _result("load-h200-warm-a4f782a.json")["goal"]
@@ -207,8 +208,7 @@ def _readme_figures() -> list[str]:
         f"{_ratio(TABLE1_32, f'{ISPS}, refreshed-heads', 32)} with 32 generated tokens on commit 72ee0db",
         f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio(BLOCK_32, ISPS, 32)} with 32 "
         f"generated tokens on commit 0c72868; {_ratio('served-h200.json', ISPS, 1)} on commit 99f8fb0)",
-        f"where decode over short moved contexts takes {_decode_configs()[64, 2, 3]['decode_146_served_moved_spans']:.2f}x "
-        "FA3's time",
+        f"where decode over short moved contexts takes {short_moved:.2f}x FA3's time",
         f"run at **{long_spans['pic-256'] / long_spans['stock-fa3']:.1f}x**",
         f"answered in {cached:.2f} s against {uncached:.2f} s uncached",
         f"Attention takes {_attention_range('attention-h200-a4b6f6a-hidden-mask.json', 'prefill_')} FA3's time",
@@ -906,8 +906,8 @@ def _decode_configs(name: str = "attention-h200-7e20d4e-served-decode.json") -> 
     """MiniPIC / FA3 per decode case, for each (BLOCK_N, warps, stages) of a kernel benchmark's sweep."""
     configs: dict[tuple[int, int, int], dict] = {}
     for row in _result(name)["decode_configs"]:
-        config = row["config"]
-        configs.setdefault((config["block_n"], config["num_warps"], config["num_stages"]), {})[row["case"]] = row["ratio"]
+        shape = (row["config"]["block_n"], row["config"]["num_warps"], row["config"]["num_stages"])
+        configs.setdefault(shape, {})[row["case"]] = row["ratio"]
     return configs
 
 
@@ -984,4 +984,5 @@ def test_the_three_stage_decode_section_matches_its_results() -> None:
     stock, ours = _table1_medians(factor2, STOCK_FA3)[32], _table1_medians(factor2, ISPS)[32]
     assert (f"stock {stock['samples_per_s']:.1f}, MiniPIC {ours['samples_per_s']:.1f} samples/s, "
             f"**{_ratio(factor2, ISPS, 32)}**") in doc
-    assert f"no request waiting in {engine_timeline.summarise(ours['timeline'])['nothing_waiting']:.0%} of MiniPIC's" in doc
+    waiting = engine_timeline.summarise(ours["timeline"])["nothing_waiting"]
+    assert f"no request waiting in {waiting:.0%} of MiniPIC's" in doc
