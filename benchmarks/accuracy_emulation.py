@@ -20,7 +20,10 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+first-span-bias=B``: the same for the prompt's first span only;
 - ``+span-sees-prefix``: every span's rows also see the prompt's prefix (everything before its
   first marker block: the system turn and the start of the user turn), as APE computes parallel
-  contexts after a shared prefix.
+  contexts after a shared prefix;
+- ``+blend=R``: CacheBlend's selective recompute (`accuracy_blend`): the layout's pass is the
+  cache, and the share R of span tokens whose values at layer 1 moved most is recomputed in
+  context with every token outside spans; ``+blend-random=R`` draws those tokens at random.
 
     flock /tmp/minipic-test-server.lock .venv/bin/python benchmarks/accuracy_emulation.py \\
         --passages ../shared/data/2wiki_passages.json --questions 150 \\
@@ -39,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from accuracy_blend import Blend, blended_answer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minipic_client import BlockAttention, Epic, RagRequest, RefreshedHeads, SpanClient, Strategy, Tokenizer
@@ -55,7 +59,7 @@ from provenance import provenance
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
 CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=",
-           "span-sees-prefix")
+           "span-sees-prefix", "blend=", "blend-random=")
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
@@ -130,6 +134,21 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
     return seen
 
 
+def blend_of(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> tuple[Blend, torch.Tensor] | None:
+    """With ``blend=R`` (or ``blend-random=R``): the prompt's `Blend` over its span tokens, and the
+    additive mask of a token recomputed in context (everything before it that no span hides)."""
+    change = next((c for c in changes if c.startswith(("blend=", "blend-random="))), None)
+    if change is None:
+        return None
+    block, markers = info.block_size, (info.ssep_token_id, info.pdep_token_id, info.hsep_token_id)
+    hidden = torch.tensor(hidden_of_prompt(ids, block, *markers))
+    pos = torch.arange(len(ids))
+    seen = (pos[None, :] <= pos[:, None]) & (~hidden[None, :] | (pos[:, None] == pos[None, :]))
+    name, ratio = change.split("=")
+    blend = Blend(float(ratio), candidates=_window_starts(ids, info) > 0, random_choice=name == "blend-random")
+    return blend, torch.zeros(len(ids), len(ids)).masked_fill(~seen, float("-inf"))
+
+
 def model_input(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> list[int]:
     """The ids the model embeds: with ``markers=ID``, each SSep/PDep/HSep marker embedded as token
     ID while the rule (`visibility`) still reads the markers."""
@@ -197,11 +216,18 @@ def main() -> None:
     for variant, (layout, changes) in variants.items():
         started = time.perf_counter()
         pad = next((int(c.removeprefix("pad=")) for c in changes if c.startswith("pad=")), info.pad_token_id)
-        verdicts[variant] = []
+        verdicts[variant], recomputed = [], []
         for question, ids in zip(questions, token_ids[layout]):
             ids = [pad if t == info.pad_token_id else t for t in ids]
             bias = attention_bias(ids, info, changes, visibility(ids, info, changes))
-            generated = answer(model, model_input(ids, info, changes), bias, stop, args.max_tokens)
+            blending = blend_of(ids, info, changes)
+            if blending is None:
+                generated = answer(model, model_input(ids, info, changes), bias, stop, args.max_tokens)
+            else:
+                blend, fresh_bias = blending
+                generated = blended_answer(model, model_input(ids, info, changes), bias, fresh_bias, blend, stop,
+                                           args.max_tokens)  # fmt: skip
+                recomputed.append(blend.recomputed_share)
             verdicts[variant].append(is_correct(text_of.decode(generated, skip_special_tokens=True), question))
         correct = sum(verdicts[variant])
         report[variant] = {"correct": correct, "questions": len(questions),
@@ -209,6 +235,8 @@ def main() -> None:
                            "accuracy_ci95": [round(x, 4) for x in wilson(correct, len(questions))],
                            "vs_full": versus(verdicts[variant], verdicts["full"]),
                            "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        if recomputed:
+            report[variant]["recomputed_share"] = round(sum(recomputed) / len(recomputed), 4)
         print(f"{variant:36} {correct}/{len(questions)}  {report[variant]['vs_full']['difference']:+.3f}", flush=True)
     result = {"provenance": provenance(), "model": args.model.name, "family": args.family, "dtype": "float32",
               "markers": {"ssep": info.ssep_token_id, "pdep": info.pdep_token_id, "pad": info.pad_token_id,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from accuracy_blend import Blend, blended_answer
 from accuracy_emulation import attention_bias, model_input, parse_variant, visibility
+from transformers import AutoModelForCausalLM
 
 from minipic_protocol.info import ServerInfo
 
@@ -72,3 +75,43 @@ def test_spans_see_the_prefix_before_the_first_marker_block() -> None:
     assert seen[6, 4] and not seen[6, 7]  # still causal within its span
     assert seen[9, 0] and seen[2, 0] and not seen[2, 3]  # rows outside spans as before
     assert parse_variant("refreshed+span-sees-prefix") == ("refreshed", ["span-sees-prefix"])
+
+
+def _tiny_prompt_masks(length: int, span: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Span tokens, the rule's additive mask (a span sees only itself) and full causal attention's."""
+    pos = torch.arange(length)
+    in_span = (pos >= span.start) & (pos < span.stop)
+    causal = pos[None, :] <= pos[:, None]
+    rule = causal & ~(in_span[:, None] & ~in_span[None, :])
+    return in_span, *(torch.zeros(length, length).masked_fill(~m, float("-inf")) for m in (rule, causal))
+
+
+def _last_logits(model, ids: list[int], bias: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), attention_mask=bias[None, None]).logits[0, -1]
+
+
+def test_blend_spans_between_the_cache_and_full_attention(tiny_model_dir) -> None:
+    """Recomputing no span token answers as the cached layout does, recomputing all of them as
+    full attention does, and decode after the blend continues from the blended cache."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager")
+    ids = list(range(10, 34))
+    in_span, rule, causal = _tiny_prompt_masks(len(ids), range(4, 16))
+    for ratio, expected in ((0.0, rule), (1.0, causal)):
+        blend = Blend(ratio, candidates=in_span)
+        first = blended_answer(model.eval(), ids, rule, causal, blend, stop=set(), max_tokens=1)
+        assert first == [int(_last_logits(model, ids, expected).argmax())]
+    assert _last_logits(model, ids, rule).argmax() != _last_logits(model, ids, causal).argmax()  # they differ
+    full = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
+    assert blended_answer(model, ids, rule, causal, Blend(1.0, candidates=in_span), set(), 6) == full
+
+
+def test_blend_recomputes_the_tokens_that_moved_most() -> None:
+    candidates = torch.tensor([False, True, True, True, True, False])
+    cached = torch.zeros(1, 1, 6, 2)
+    fresh = cached.clone()
+    fresh[0, 0, :, 0] = torch.tensor([9.0, 0.1, 3.0, 0.2, 2.0, 0.0])
+    blend = Blend(0.5, candidates=candidates)
+    assert blend._choose(fresh, cached).tolist() == [True, False, True, False, True, True]
+    drawn = Blend(0.5, candidates=candidates, random_choice=True)._choose(fresh, cached)
+    assert int(drawn[candidates].sum()) == 2 and bool(drawn[~candidates].all())
