@@ -284,15 +284,24 @@ def test_emulation_table_matches_its_results(results: str) -> None:
     fp32, greedy, the same questions)."""
     lines = (ROOT / "docs/accuracy.md").read_text().splitlines()
     for variant, r in _result(results)["variants"].items():
-        low, high = r["accuracy_ci95"]
-        cells = [f"{pct(r['accuracy'])}% [{pct(low)}, {pct(high)}]"]
-        if variant != "full":
-            versus = r["vs_full"]
-            p = versus["mcnemar_p"]
-            diff = [f"{v * 100:+.1f}" for v in (versus["difference"], *versus["difference_ci95"])]
-            cells.append(f"{diff[0]} [{diff[1]}, {diff[2]}], " + ("p<0.001" if p < 0.001 else f"p={p:.3f}"))
+        cells = _emulation_cells(variant, r)
         row = next((line for line in lines if line.startswith(f"| `{variant}`")), None)
         assert row is not None and all(f"| {cell} |" in row for cell in cells), (variant, row, cells)
+
+
+def _emulation_cells(variant: str, r: dict) -> list[str]:
+    """An emulation variant's table cells: accuracy [95%], then (but for `full`) the paired
+    difference from full attention [95%] with its p, then (blends) the recomputed share."""
+    low, high = r["accuracy_ci95"]
+    cells = [f"{pct(r['accuracy'])}% [{pct(low)}, {pct(high)}]"]
+    if variant != "full":
+        versus = r["vs_full"]
+        p = versus["mcnemar_p"]
+        diff = [f"{v * 100:+.1f}" for v in (versus["difference"], *versus["difference_ci95"])]
+        cells.append(f"{diff[0]} [{diff[1]}, {diff[2]}], " + ("p<0.001" if p < 0.001 else f"p={p:.3f}"))
+    if "recomputed_share" in r:
+        cells.append(f"{r['recomputed_share']:.0%}")
+    return cells
 
 
 def test_turn_start_markers_pairings_match_their_results() -> None:
@@ -986,3 +995,26 @@ def test_the_three_stage_decode_section_matches_its_results() -> None:
             f"**{_ratio(factor2, ISPS, 32)}**") in doc
     waiting = engine_timeline.summarise(ours["timeline"])["nothing_waiting"]
     assert f"no request waiting in {waiting:.0%} of MiniPIC's" in doc
+
+
+def test_the_blend_emulation_matches_its_results() -> None:
+    """docs/accuracy.md's CacheBlend section: both runs' rows (the same 200 questions; full
+    attention answers alike in both), and the paired counts it quotes."""
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    section = doc[doc.index("### CacheBlend's selective recompute, emulated"):]
+    section = section[: section.index("\n### ", 1)]
+    first, more = (_result(f"accuracy-emulation-blend{tag}-smollm2-cpu.json") for tag in ("", "-more"))
+    assert first["verdicts"]["full"] == more["verdicts"]["full"]
+    for results in (first, more):
+        for variant, r in results["variants"].items():
+            row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}`"))
+            assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+    verdicts = {**first["verdicts"], **more["verdicts"]}
+    text = " ".join(section.split())
+    for a, b in (("block+blend=0.15", "refreshed"), ("block+blend=0.15", "block+blend-random=0.15"),
+                 ("block+blend=0.15", "block")):
+        gained, lost = _discordant(list(zip(verdicts[a], verdicts[b], strict=True)))
+        assert f"`{a}` against `{b}`: {gained} right only with it, {lost} only without" in text, (a, b)
+    correct = {v: sum(verdicts[v]) for v in ("full", "block", "block+blend=0.15")}
+    won_back = (correct["block+blend=0.15"] - correct["block"]) / (correct["full"] - correct["block"])
+    assert f"they win back {won_back:.0%} of Block-Attention's loss" in text
