@@ -60,7 +60,7 @@ class Blend:
             deviation = torch.rand(deviation.shape, generator=torch.Generator().manual_seed(len(deviation)))
         count = round(self.ratio * int(self.candidates.sum()))
         ranked = deviation.masked_fill(~self.candidates, float("-inf")).argsort(descending=True)
-        fresh = ~self.candidates.clone()
+        fresh = ~self.candidates
         fresh[ranked[:count]] = True
         return fresh
 
@@ -70,8 +70,8 @@ class Blend:
         return float(self.fresh.float().mean()) if self.fresh is not None else 1.0
 
 
+_ACTIVE: list[Blend] = []  # the prompt being answered; transformers' hook has no other way to reach it
 AttentionInterface.register(HOOK, lambda *args, **kwargs: _ACTIVE[-1](*args, **kwargs))
-_ACTIVE: list[Blend] = []
 
 
 @torch.no_grad()
