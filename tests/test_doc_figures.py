@@ -1001,8 +1001,8 @@ def test_the_blend_emulation_matches_its_results() -> None:
     """docs/accuracy.md's CacheBlend section: both runs' rows (the same 200 questions; full
     attention answers alike in both), and the paired counts it quotes."""
     doc = (ROOT / "docs/accuracy.md").read_text()
-    section = doc[doc.index("### CacheBlend's selective recompute, emulated"):]
-    section = section[: section.index("\n### ", 1)]
+    start = doc.index("### CacheBlend's selective recompute, emulated")
+    section = doc[start : re.compile(r"^#{2,3} ", re.M).search(doc, start + 1).start()]  # up to the next heading
     first, more = (_result(f"accuracy-emulation-blend{tag}-smollm2-cpu.json") for tag in ("", "-more"))
     assert first["verdicts"]["full"] == more["verdicts"]["full"]
     for results in (first, more):
