@@ -16,7 +16,15 @@ from minipic_kernels.block_kinds import (
     requests_with_masks,
     window_starts_per_block,
 )
-from minipic_protocol.blocks import OUTSIDE_SPANS, block_kind_of, hidden_of_prompt, visible, window_starts_of_prompt
+from minipic_protocol.blocks import (
+    OUTSIDE_SPANS,
+    BlockKind,
+    block_kind_of,
+    hidden_of_prompt,
+    in_span,
+    visible,
+    window_starts_of_prompt,
+)
 from minipic_server.config import PicConfig
 from minipic_server.metrics import PromptAccount, account
 
@@ -154,3 +162,27 @@ def test_hidden_head_spans_are_counted_as_spans() -> None:
 def test_markers_off_block_starts_count_nothing() -> None:
     prompt = [10, 1, 11, 2, 12, 13, 14, 15, 16]
     assert not account(prompt, 0, B, PIC).has_markers
+
+
+def account_block_by_block(token_ids: list[int], cached: int, block_size: int) -> PromptAccount:
+    """The account's definition walked one block at a time (the metrics count per marker run)."""
+    reused = windowed = 0
+    computed = {kind: 0 for kind in BlockKind}
+    spanning = False
+    for start in range(0, len(token_ids), block_size):
+        kind = block_kind_of(token_ids[start], *MARKERS)
+        spanning = in_span(kind, spanning)
+        end = min(start + block_size, len(token_ids))
+        reused += spanning and end <= cached
+        windowed += max(0, end - max(start, cached)) if spanning else 0
+        computed[kind] += start >= cached
+    return PromptAccount(reused, computed[BlockKind.SSEP], computed[BlockKind.PDEP], windowed, computed[BlockKind.HSEP])
+
+
+def test_the_account_counts_as_a_walk_over_every_block() -> None:
+    rng = random.Random(5)
+    for _ in range(3000):
+        block_size = rng.randint(1, 6)
+        prompt = [rng.choice([1, 2, 3, 4, 10, 11, 12]) for _ in range(rng.randint(0, 40))]
+        cached = rng.randint(0, len(prompt))
+        assert account(prompt, cached, block_size, PIC) == account_block_by_block(prompt, cached, block_size)

@@ -8,7 +8,9 @@ hasher as the reference:
   start) hashes as stock vLLM hashes the prompt that starts at that block:
   independent of everything before the span (hiding an HSep head changes no hash);
 - every other block (before any marker block, or from a PDep block start on)
-  hashes as stock vLLM hashes the whole prompt: dependent on every earlier token;
+  depends on every earlier token: before the first span it hashes as stock vLLM
+  hashes the whole prompt; after one, two prompts' blocks hash alike exactly when
+  everything up to the block's end (and the salt) is alike;
 - only prompt tokens at block starts are markers: anywhere else, and in
   generated tokens, SSep/HSep/PDep/pad are ordinary tokens.
 """
@@ -57,24 +59,54 @@ def stock(tokens: list[int], block_size: int, salt: str | None) -> list:
     return request(tokens, block_size, salt, pic=False).block_hashes
 
 
-def expected(prompt: list[int], generated: list[int], block_size: int, salt: str | None) -> list:
-    """The rule above, block by block, from stock hashes of the prompt or of a span's suffix."""
+def openers(prompt: list[int], generated: list[int], block_size: int) -> list[int | None]:
+    """Per full block: the block that opened its span, None outside spans (generated tokens are never markers)."""
     tokens = prompt + generated
-    whole = stock(tokens, block_size, salt)
-    kinds = [  # generated tokens are never markers
+    kinds = [
         block_kind_of(tokens[start], *PIC.kind_marker_ids) if start < len(prompt) else BlockKind.PLAIN
         for start in range(0, len(tokens) // block_size * block_size, block_size)
     ]
+    return list(span_openers(kinds))
+
+
+def expected(prompt: list[int], generated: list[int], block_size: int, salt: str | None) -> list:
+    """The rule above, block by block, from stock hashes of the prompt or of a span's suffix;
+    None for a block outside spans after a span (its hash is checked by what it tells apart)."""
+    tokens = prompt + generated
+    whole = stock(tokens, block_size, salt)
+    block_openers = openers(prompt, generated, block_size)
+    first_span = next((i for i, opener in enumerate(block_openers) if opener is not None), len(block_openers))
     return [
-        whole[i] if opener is None else stock(tokens[opener * block_size :], block_size, salt)[i - opener]
-        for i, opener in enumerate(span_openers(kinds))
+        (whole[i] if i < first_span else None) if opener is None
+        else stock(tokens[opener * block_size :], block_size, salt)[i - opener]
+        for i, opener in enumerate(block_openers)
     ]
+
+
+def checked(hashes: list, reference: list) -> list:
+    return [None if want is None else got for got, want in zip(hashes, reference, strict=True)]
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prompt=st.lists(TOKENS, max_size=64), block_size=st.integers(1, 8), salt=SALTS)
 def test_every_block_hashes_by_the_rule(prompt, block_size, salt):
-    assert request(prompt, block_size, salt, pic=True).block_hashes == expected(prompt, [], block_size, salt)
+    want = expected(prompt, [], block_size, salt)
+    assert checked(request(prompt, block_size, salt, pic=True).block_hashes, want) == want
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    common=st.lists(TOKENS, max_size=40), tails=st.tuples(st.lists(TOKENS, max_size=24), st.lists(TOKENS, max_size=24)),
+    block_size=st.integers(1, 8), salts=st.tuples(SALTS, SALTS),
+)
+def test_a_block_outside_spans_hits_exactly_when_everything_before_it_matches(common, tails, block_size, salts):
+    prompts = [common + tail for tail in tails]
+    hashes = [request(p, block_size, salt, pic=True).block_hashes for p, salt in zip(prompts, salts, strict=True)]
+    for i, opener in enumerate(openers(prompts[0], [], block_size)[: min(map(len, hashes))]):
+        if opener is None:
+            end = (i + 1) * block_size
+            alike = prompts[0][:end] == prompts[1][:end] and salts[0] == salts[1]
+            assert (hashes[0][i] == hashes[1][i]) == alike
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -106,7 +138,8 @@ def test_a_span_hashes_the_same_after_any_prefix(before, other, span, block_size
 )
 def test_generated_markers_are_ordinary_tokens(prompt, generated, block_size, salt):
     hashes = request(prompt, block_size, salt, pic=True, generated=generated).block_hashes
-    assert hashes == expected(prompt, generated, block_size, salt)
+    want = expected(prompt, generated, block_size, salt)
+    assert checked(hashes, want) == want
 
 
 @settings(max_examples=EXAMPLES // 2, deadline=None)

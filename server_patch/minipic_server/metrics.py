@@ -9,13 +9,14 @@ are not counted with ``--disable-log-stats``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter as PrometheusCounter
 
-from minipic_protocol.blocks import BlockKind, block_kind_of, in_span
+from minipic_protocol.blocks import BlockKind, marker_kinds, opens_span
 from minipic_server.config import PicConfig
 
 
@@ -40,43 +41,47 @@ class PromptAccount:
 def account(token_ids: Sequence[int], num_cached_tokens: int, block_size: int, pic: PicConfig) -> PromptAccount:
     """Count a prompt's span blocks served from the cache, and its marker blocks and span tokens computed.
 
-    A block is in a span as the block hashes say (`in_span`); a computed token in
-    a span block attends from its span's start, not from the prompt's: windowed.
-    A marker block is computed when it starts at or after the cached prefix.
+    Spans are as the block hashes say: a run of blocks from a marker block up to the next
+    is a span when its marker opens one (`opens_span`); a computed token in a span block
+    attends from its span's start, not from the prompt's: windowed. A marker block is
+    computed when it starts at or after the cached prefix. The work is per marker block,
+    not per block: this runs in the API server before a finished request's last output,
+    for prompts of tens of thousands of tokens.
     """
-    reused = ssep = pdep = hsep = windowed = 0
-    spanning = False
-    for start in range(0, len(token_ids), block_size):
-        kind = block_kind_of(token_ids[start], *pic.kind_marker_ids)
-        spanning = in_span(kind, spanning)
-        end = min(start + block_size, len(token_ids))
-        computed = end - max(start, num_cached_tokens)
-        if spanning and end <= num_cached_tokens:
-            reused += 1
-        if spanning and computed > 0:
-            windowed += computed
-        if start >= num_cached_tokens:
-            ssep += kind is BlockKind.SSEP
-            pdep += kind is BlockKind.PDEP
-            hsep += kind is BlockKind.HSEP
-    return PromptAccount(reused, ssep, pdep, windowed, hsep)
+    kinds = marker_kinds(*pic.kind_marker_ids)
+    firsts = token_ids[::block_size]
+    markers = [(block, kinds[token]) for block, token in enumerate(firsts) if token in kinds]
+    if not markers:
+        return PromptAccount()
+    run_ends = [block for block, _ in markers[1:]] + [len(firsts)]
+    # Blocks wholly in the cached prefix (a short last block counts when the whole prompt is cached).
+    cached_blocks = len(firsts) if num_cached_tokens >= len(token_ids) else num_cached_tokens // block_size
+    reused = windowed = 0
+    computed: Counter[BlockKind] = Counter()
+    for (block, kind), end in zip(markers, run_ends, strict=True):
+        if block * block_size >= num_cached_tokens:
+            computed[kind] += 1
+        if opens_span(kind):
+            reused += max(0, min(end, cached_blocks) - block)
+            windowed += max(0, min(end * block_size, len(token_ids)) - max(block * block_size, num_cached_tokens))
+    return PromptAccount(reused, computed[BlockKind.SSEP], computed[BlockKind.PDEP], windowed, computed[BlockKind.HSEP])
 
 
 class _Counters:
     def __init__(self) -> None:
-        self.span_blocks_reused = Counter(
+        self.span_blocks_reused = PrometheusCounter(
             "minipic:span_blocks_reused", "Prompt blocks inside SSep or HSep spans served from the prefix cache."
         )
-        self.marker_blocks_computed = Counter(
+        self.marker_blocks_computed = PrometheusCounter(
             "minipic:marker_blocks_computed",
             "Prompt blocks starting with an SSep, HSep or PDep marker that were computed (not served from the cache).",
             ["kind"],
         )
-        self.windowed_tokens = Counter(
+        self.windowed_tokens = PrometheusCounter(
             "minipic:windowed_tokens",
             "Prompt tokens computed inside a span: attending from the span's start, not the prompt's.",
         )
-        self.requests_with_markers = Counter(
+        self.requests_with_markers = PrometheusCounter(
             "minipic:requests_with_markers", "Finished requests whose prompt has SSep, HSep or PDep blocks."
         )
 

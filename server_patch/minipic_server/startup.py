@@ -1,4 +1,5 @@
-"""Where an engine's configuration is created (API-server process): guards, the start-up log, metrics.
+"""Where an engine's configuration is created (API-server process): guards, the start-up log, metrics,
+the detokenizer's priming.
 
 This runs before the engine starts, so a configuration PIC cannot serve fails
 with one message, and the operator sees one block saying what is active.
@@ -18,7 +19,7 @@ logger = logging.getLogger("vllm.minipic")
 
 def wrap_create_engine_config(original: Callable[..., Any]) -> Callable[..., Any]:
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from minipic_server import metrics
+        from minipic_server import detokenizer_priming, metrics
         from minipic_server.guards import check_engine_config
 
         vllm_config = original(self, *args, **kwargs)
@@ -27,6 +28,7 @@ def wrap_create_engine_config(original: Callable[..., Any]) -> Callable[..., Any
             check_engine_config(vllm_config, pic)
             logger.info("%s", startup_block(vllm_config, pic))
             metrics.configure(pic, vllm_config.cache_config.block_size)
+            detokenizer_priming.activate()
         return vllm_config
 
     return create_engine_config

@@ -113,6 +113,14 @@ COMMON: tuple[Intervention, ...] = (
          "minipic_server.metrics:wrap_update_stats_from_finished",
          "count span reuse per finished request for /metrics (the API server has prompt ids and cache hits here)",
          ("self", "req_state", "finish_reason", "iteration_stats")),
+    wrap("vllm.v1.engine.detokenizer:FastIncrementalDetokenizer.__init__",
+         "minipic_server.detokenizer_priming:wrap_fast_detokenizer_init",
+         "prime the decode stream with the prompt's tail: vLLM's priming decodes the whole prompt at the "
+         "first token, the largest per-token cost of a request over cached documents",
+         ("self", "tokenizer", "request")),
+    *(use(f"vllm.v1.engine.detokenizer:FastIncrementalDetokenizer.{name}", "tail priming: the stream it replaces")
+      for name in ("stream", "tokenizer", "skip_special_tokens")),
+    use("vllm.v1.engine:EngineCoreRequest.prompt_token_ids", "tail priming: the prompt"),
     use("vllm.v1.engine.output_processor:RequestState.prompt_token_ids", "metrics: where the markers are"),
     use("vllm.v1.engine.output_processor:RequestState.num_cached_tokens", "metrics: the prefix-cache hit"),
     # Configuration the start-up guards read.
