@@ -6,8 +6,9 @@
 
 Starts `minipic serve`, preloads k documents of ~1,000 tokens as spans, then sends the
 same final prompt (all k documents cached, a few new tokens) again and again, one at a
-time, while py-spy samples the API server and the engine core. The JSON holds the TTFTs
-and, per process, the share of samples in which each function was on the stack.
+time, while py-spy samples the API server and the engine core (``--no-profile``: without).
+The JSON holds the TTFTs and, per process, the share of samples in which each function was
+on the stack.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from workload import SYSTEM  # noqa: E402
 
 from minipic_client import RagRequest, SpanClient, Strategy  # noqa: E402
 from minipic_client.client import pooled_transport  # noqa: E402
+
+from provenance import provenance  # noqa: E402
 
 
 def inclusive_shares(raw: Path, top: int) -> dict[str, list[tuple[str, float]]]:
@@ -59,7 +62,7 @@ async def measure(url: str, args: argparse.Namespace, docs: list[str], process, 
         await asyncio.gather(*(first_token_s(http, model, list(p.token_ids)) for p in layout.prefills))
         warm = [(await first_token_s(http, model, layout.token_ids))[0] for _ in range(3)]
         ttfts, usage = [], {}
-        with profiled(process, profile, args.profile_seconds, True):
+        with profiled(process, profile, args.profile_seconds, not args.no_profile):
             deadline = time.perf_counter() + args.profile_seconds
             while time.perf_counter() < deadline:
                 ttft, usage = await first_token_s(http, model, layout.token_ids)
@@ -68,6 +71,7 @@ async def measure(url: str, args: argparse.Namespace, docs: list[str], process, 
         "docs": len(docs), "prompt_tokens": usage.get("prompt_tokens"),
         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         "warm_up_ttft_s": warm, "requests_profiled": len(ttfts), "ttft_median_s": statistics.median(ttfts),
+        "ttft_quartiles_s": statistics.quantiles(ttfts, n=4),
     }  # fmt: skip
 
 
@@ -77,6 +81,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=32)
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--no-profile", action="store_true", help="time the requests without py-spy attached")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -86,8 +91,9 @@ def main() -> None:
     profile = args.out.with_suffix(".pyspy.txt")
     with running(server, args) as (url, process, _log):
         row = asyncio.run(measure(url, args, docs, process, profile))
-    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), **row,
-              "stack_shares": inclusive_shares(profile, args.top)}  # fmt: skip
+    report = {"provenance": provenance(), **row}
+    if not args.no_profile:
+        report["stack_shares"] = inclusive_shares(profile, args.top)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(row))
 
