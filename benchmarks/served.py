@@ -48,7 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,13 +120,12 @@ ROWS = {
 
 
 @contextmanager
-def running(server: Server, args: argparse.Namespace) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+def running(
+    server: Server, args: argparse.Namespace, extra_flags: Sequence[str] = ()
+) -> Iterator[tuple[str, subprocess.Popen, Path]]:
     port = free_port()
     log = args.out.parent / f"{args.out.stem}-{server.name}.log"
-    extra = list(args.server_arg)
-    if args.gpu_profile:
-        profile_dir(server, args).mkdir(parents=True, exist_ok=True)
-        extra += gpu_profile.server_flags(profile_dir(server, args), args.gpu_profile_delay, args.gpu_profile_steps)
+    extra = [*args.server_arg, *extra_flags]
     started = time.perf_counter()
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -406,7 +405,12 @@ async def measure_server(
     def save() -> None:
         args.out.write_text(json.dumps(result, indent=2))
 
-    with running(server, args) as (url, process, log):
+    profiler_flags = []
+    if args.gpu_profile:
+        profile_dir(server, args).mkdir(parents=True, exist_ok=True)
+        profiler_flags = gpu_profile.server_flags(profile_dir(server, args), args.gpu_profile_delay,
+                                                  args.gpu_profile_steps)  # fmt: skip
+    with running(server, args, profiler_flags) as (url, process, log):
         ready_at = len(log.read_text(errors="replace").splitlines())
         if "small" in args.parts:
             path = args.out.parent / f"{args.out.stem}-{server.name}-small-pyspy.txt"
