@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 
 import httpx
 import pytest
+from tokenizers import Tokenizer
 
 from pic_reference import HFReference, Segment, dependent, flatten, padded, random_tokens, span, system
 from server_api import acomplete, complete, max_logprob_diff, metric, prefill
@@ -101,6 +103,26 @@ def test_markers_are_never_generated(pic_server) -> None:
     result = complete(pic_server, [0, 40, 41, 42], max_tokens=8, logprobs=None, logit_bias=bias)
     assert len(result.token_ids) == 8
     assert not {5, 6, 7} & set(result.token_ids)
+
+
+def test_generated_text_is_the_prompts_decoded_continuation(pic_server, tiny_model_dir: Path) -> None:
+    """The detokenizer, primed from the prompt's tail on a PIC server, writes what the whole
+    prompt's decoding implies, streamed and not."""
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    texts = ("The harbour bridge was opened in 1932 and carries a railway line across the estuary. " * 6,
+             "Die Brücke über den Fluss 🚂 wurde 1932 eröffnet. 東京の天気は晴れです。" * 4)  # fmt: skip
+    for prompt in (tokenizer.encode(text).ids for text in texts):
+        body = {"model": pic_server.model, "prompt": prompt, "max_tokens": 12, "temperature": 0.0,
+                "return_token_ids": True}  # fmt: skip
+        whole = httpx.post(pic_server.url + "/v1/completions", json=body, timeout=300).json()["choices"][0]
+        with httpx.stream("POST", pic_server.url + "/v1/completions", json={**body, "stream": True},
+                          timeout=300) as response:  # fmt: skip
+            events = [json.loads(line[5:]) for line in response.iter_lines()
+                      if line.startswith("data:") and line.strip() != "data: [DONE]"]  # fmt: skip
+        streamed = "".join(choice["text"] for event in events for choice in event["choices"])
+        prefix = tokenizer.decode(prompt)
+        expected = tokenizer.decode(prompt + whole["token_ids"])[len(prefix) :]
+        assert len(prompt) > 32 and whole["text"] == streamed == expected
 
 
 def test_one_cached_document_at_sixteen_offsets_concurrently(pic_server) -> None:
