@@ -11,7 +11,9 @@ objects on the Figure 2 prompts (the SDK's layout, Block-Attention, of the same 
   primes it (the tail, `minipic_server.detokenizer_priming`);
 - ``hasher_vllm`` / ``hasher_minipic``: a vLLM ``Request`` built with vLLM's block hasher
   over the plain prompt, and with MiniPIC's over the PIC prompt;
-- ``account``: MiniPIC's per-request metrics pass (`minipic_server.metrics.account`).
+- ``account``: MiniPIC's per-request metrics pass (`minipic_server.metrics.account`);
+- ``block_records``: the block records MiniPIC's scheduler ships for a new request whose
+  table holds every block of the PIC prompt (`minipic_server.block_plan.BlockPlanner`).
 
     .venv/bin/python benchmarks/request_overhead.py --tokenizer ../shared/data/llama3-tokenizer \\
         --passages ../shared/data/2wiki_passages.json --out benchmarks/results/request-overhead-cpu.json
@@ -29,11 +31,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from vllm.sampling_params import SamplingParams
 from vllm.tokenizers import get_tokenizer
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_request_block_hasher, init_none_hash
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
 from vllm.v1.request import Request
@@ -42,6 +45,7 @@ from minipic_client import Tokenizer
 from minipic_client.prompt import TECHNIQUES, ChatTemplate, Dependent, PromptBuilder, Text
 from minipic_client.tokens import TokenCache
 from minipic_server import detokenizer_priming
+from minipic_server.block_plan import BlockPlanner, StepRecords
 from minipic_server.config import PicConfig
 from minipic_server.hashing import make_pic_block_hasher
 from minipic_server.markers import load_tokenizer, pick_marker_ids
@@ -81,6 +85,24 @@ def first_token_text(detokenizer_class: type, tokenizer, prompt: list[int], toke
 
 def hashed(prompt: list[int], hasher) -> Request:
     return Request("r", prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+
+
+def planner_step(prompt: list[int], block_size: int, pic: PicConfig) -> Callable[[], StepRecords]:
+    """The records of a new request's first step, its table holding a block for every prompt block
+    (each call builds the vLLM ``Request`` afresh, 0.1 ms of it: records are cached on it)."""
+    table = [KVCacheBlock(block_id) for block_id in range(-(-len(prompt) // block_size))]
+    manager = SimpleNamespace(coordinator=SimpleNamespace(single_type_managers=[SimpleNamespace(
+        req_to_blocks={"r": table})]), block_pool=SimpleNamespace(num_gpu_blocks=len(table)))
+    requests: dict[str, Request] = {}
+    planner = BlockPlanner(SimpleNamespace(kv_cache_manager=manager, requests=requests, block_size=block_size), pic)
+    output = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="r", block_ids=([b.block_id for b in table],))],
+                             scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[]))  # fmt: skip
+
+    def step() -> StepRecords:
+        requests["r"] = Request("r", prompt, SamplingParams(max_tokens=1), None)
+        return planner.records(output)
+
+    return step
 
 
 def main() -> None:
@@ -131,6 +153,7 @@ def main() -> None:
             "hasher_vllm": lambda: hashed(list(plain), stock_hasher),
             "hasher_minipic": lambda: hashed(list(laid_out), pic_hasher),
             "account": lambda: account(laid_out, len(laid_out) - 1, args.block_size, pic),
+            "block_records": planner_step(list(laid_out), args.block_size, pic),
         }  # fmt: skip
         row = {"k": k, "plain_tokens": len(plain), "pic_tokens": len(laid_out), "same_first_token_text": same_text,
                **{f"{name}_ms": median_ms(run, args.repeats) for name, run in timed.items()}}  # fmt: skip

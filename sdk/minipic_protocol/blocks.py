@@ -17,7 +17,7 @@ its tensor form (per-step records, attention masks), tested equal to this one.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 
 class BlockKind(enum.IntEnum):
@@ -64,6 +64,16 @@ def in_span(kind: BlockKind, previous_in_span: bool) -> bool:
     """Whether a block of `kind` is in a span: SSep/HSep open one, PDep closes it, and a plain
     block continues what the block before it was."""
     return previous_in_span if kind is BlockKind.PLAIN else opens_span(kind)
+
+
+def marker_runs(first_tokens: Sequence[int], kinds: Mapping[int, BlockKind]) -> list[tuple[int, BlockKind, int]]:
+    """The blocks from each marker block up to the next, as ``(first block, its kind, end block)``,
+    given the blocks' first (prompt) tokens and `marker_kinds`. Every block of a run has the
+    run's spanning state (`in_span`), so a long prompt is walked per marker, not per block;
+    blocks before the first marker continue whatever preceded them."""
+    markers = [(block, kinds[token]) for block, token in enumerate(first_tokens) if token in kinds]
+    ends = [block for block, _ in markers[1:]] + [len(first_tokens)]
+    return [(block, kind, end) for (block, kind), end in zip(markers, ends)]
 
 
 def span_openers(kinds: Iterable[BlockKind]) -> Iterator[int | None]:

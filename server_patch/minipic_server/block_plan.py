@@ -25,11 +25,12 @@ cost is one record per allocated block.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from minipic_protocol.blocks import BlockKind, block_kind_of, in_span, opens_span
+from minipic_protocol.blocks import BlockKind, in_span, marker_kinds, marker_runs, opens_span
 from minipic_server.boundary import ENGINE_PLANNER, REQUEST_RECORDS, SCHEDULE, STEP_RECORDS, Request, patch_instance
 from minipic_server.config import PicConfig
 
@@ -48,11 +49,12 @@ class StepRecords:
     origins: list[int] = field(default_factory=list)
     write_shifts: list[int] = field(default_factory=list)
 
-    def add(self, block_id: int, kind: int, origin: int, logical: int) -> None:
-        self.block_ids.append(block_id)
-        self.kinds.append(kind)
-        self.origins.append(origin)
-        self.write_shifts.append(logical - origin)
+    def add(self, block_ids: list[int], kinds: list[BlockKind], origins: list[int], first_logical: int) -> None:
+        """Blocks at logical indices ``first_logical`` on, in order."""
+        self.block_ids += block_ids
+        self.kinds += kinds
+        self.origins += origins
+        self.write_shifts += map(operator.sub, range(first_logical, first_logical + len(origins)), origins)
 
 
 @dataclass
@@ -64,23 +66,36 @@ class _RequestRecords:
     in_span: bool = False
     span_start: int = 0
 
+    def extend(self, start: int, end: int, kind: BlockKind = BlockKind.PLAIN) -> None:
+        """Logical blocks ``start`` to ``end``: the first of kind `kind`, the others plain."""
+        if start >= end:
+            return
+        self.in_span = in_span(kind, self.in_span)
+        if opens_span(kind):
+            self.span_start = start
+        self.kinds += [kind, *[BlockKind.PLAIN] * (end - start - 1)]
+        base = self.span_start if self.in_span else 0
+        self.origins += range(start - base, end - base)
+
 
 def records_of_request(request: Request, num_blocks: int, block_size: int, pic: PicConfig) -> _RequestRecords:
-    """The request's records for its first ``num_blocks`` logical blocks (cached on it)."""
+    """The request's records for its first ``num_blocks`` logical blocks (cached on it), made per
+    marker run (`marker_runs`): a new request's table can hold thousands of cached blocks."""
     state: _RequestRecords | None = getattr(request, REQUEST_RECORDS.attribute, None)
     if state is None:
         state = _RequestRecords()
         patch_instance(REQUEST_RECORDS, request, state)
-    for index in range(len(state.kinds), num_blocks):
-        start = index * block_size
-        kind = BlockKind.PLAIN  # generated tokens never act as markers (they are banned from sampling)
-        if start < request.num_prompt_tokens:
-            kind = block_kind_of(request.all_token_ids[start], *pic.kind_marker_ids)
-        state.in_span = in_span(kind, state.in_span)
-        if opens_span(kind):
-            state.span_start = index
-        state.kinds.append(kind)
-        state.origins.append(index - state.span_start if state.in_span else index)
+    first = len(state.kinds)
+    if first >= num_blocks:
+        return state
+    # Only prompt tokens act as markers (generated ones are banned from sampling).
+    prompt_end = min(num_blocks * block_size, request.num_prompt_tokens)
+    firsts = request.all_token_ids[first * block_size : prompt_end : block_size]
+    runs = marker_runs(firsts, marker_kinds(*pic.kind_marker_ids))
+    state.extend(first, first + (runs[0][0] if runs else len(firsts)))  # continuing the blocks before
+    for start, kind, end in runs:
+        state.extend(first + start, first + end, kind)
+    state.extend(first + len(firsts), num_blocks)  # generated blocks continue the last run
     return state
 
 
@@ -120,8 +135,8 @@ class BlockPlanner:
         """The last ``num_new`` blocks of the request's table are the ones it got this step."""
         table = self._tables[req_id]
         records = records_of_request(self._requests[req_id], len(table), self._block_size, self._pic)
-        for logical in range(len(table) - num_new, len(table)):
-            step.add(table[logical].block_id, records.kinds[logical], records.origins[logical], logical)
+        new = slice(len(table) - num_new, len(table))
+        step.add([block.block_id for block in table[new]], records.kinds[new], records.origins[new], new.start)
 
 
 def install_block_planner(engine: Any, pic: PicConfig) -> None:

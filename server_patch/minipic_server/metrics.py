@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter as PrometheusCounter
 
-from minipic_protocol.blocks import BlockKind, marker_kinds, opens_span
+from minipic_protocol.blocks import BlockKind, marker_kinds, marker_runs, opens_span
 from minipic_server.config import PicConfig
 
 
@@ -42,23 +42,18 @@ def account(token_ids: Sequence[int], num_cached_tokens: int, block_size: int, p
     """Count a prompt's span blocks served from the cache, and its marker blocks and span tokens computed.
 
     Spans are as the block hashes say: a run of blocks from a marker block up to the next
-    is a span when its marker opens one (`opens_span`); a computed token in a span block
+    (`marker_runs`) is a span when its marker opens one; a computed token in a span block
     attends from its span's start, not from the prompt's: windowed. A marker block is
-    computed when it starts at or after the cached prefix. The work is per marker block,
-    not per block: this runs in the API server before a finished request's last output,
-    for prompts of tens of thousands of tokens.
+    computed when it starts at or after the cached prefix. The work is per marker run, not
+    per block: this runs in the API server before a finished request's last output, for
+    prompts of tens of thousands of tokens.
     """
-    kinds = marker_kinds(*pic.kind_marker_ids)
     firsts = token_ids[::block_size]
-    markers = [(block, kinds[token]) for block, token in enumerate(firsts) if token in kinds]
-    if not markers:
-        return PromptAccount()
-    run_ends = [block for block, _ in markers[1:]] + [len(firsts)]
     # Blocks wholly in the cached prefix (a short last block counts when the whole prompt is cached).
     cached_blocks = len(firsts) if num_cached_tokens >= len(token_ids) else num_cached_tokens // block_size
     reused = windowed = 0
     computed: Counter[BlockKind] = Counter()
-    for (block, kind), end in zip(markers, run_ends, strict=True):
+    for block, kind, end in marker_runs(firsts, marker_kinds(*pic.kind_marker_ids)):
         if block * block_size >= num_cached_tokens:
             computed[kind] += 1
         if opens_span(kind):
