@@ -6,6 +6,8 @@ times, on this machine's CPU, the stages MiniPIC runs or can change, with vLLM's
 objects on the Figure 2 prompts (the SDK's layout, Block-Attention, of the same documents):
 
 - ``json_ids``: parsing the request's token ids from JSON (every server pays it; context);
+- ``body_httpx`` / ``body_sdk``: the client building the request, with httpx's ``json=``
+  (the standard library's encoder) and as the SDK's transport builds it (msgspec);
 - ``detokenizer_vllm`` / ``detokenizer_tail``: vLLM's incremental detokenizer built and
   given the first generated token, primed as vLLM primes it (the whole prompt) and as MiniPIC
   primes it (the tail, `minipic_server.detokenizer_priming`);
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 from vllm.sampling_params import SamplingParams
 from vllm.tokenizers import get_tokenizer
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -44,6 +47,7 @@ from vllm.v1.request import Request
 from minipic_client import Tokenizer
 from minipic_client.prompt import TECHNIQUES, ChatTemplate, Dependent, PromptBuilder, Text
 from minipic_client.tokens import TokenCache
+from minipic_client.transport import _json_request as json_request
 from minipic_server import detokenizer_priming
 from minipic_server.block_plan import BlockPlanner, StepRecords
 from minipic_server.config import PicConfig
@@ -58,6 +62,7 @@ from workload import SYSTEM  # noqa: E402
 from provenance import provenance  # noqa: E402
 
 TASK = "Which document mentions a river?"  # Figure 2's question
+URL = "http://127.0.0.1:8000/v1/completions"
 
 
 class TailPrimed(FastIncrementalDetokenizer):
@@ -142,11 +147,14 @@ def main() -> None:
         parts = chat.parts(SYSTEM, documents, TASK) if chat else [Text(SYSTEM), *documents, Dependent(TASK)]
         plain = builder.build(parts, pic=False, add_special_tokens=not chat).token_ids
         laid_out = builder.build(parts, add_special_tokens=not chat).token_ids
-        body = json.dumps({"prompt": list(laid_out), "max_tokens": 1})
+        request_body = {"model": "m", "prompt": list(laid_out), "max_tokens": 1, "stream": True}
+        body = json.dumps(request_body)
         same_text = (first_token_text(FastIncrementalDetokenizer, vllm_tokenizer, list(laid_out), token)
                      == first_token_text(TailPrimed, vllm_tokenizer, list(laid_out), token))  # fmt: skip
         timed = {
             "json_ids": lambda: json.loads(body),
+            "body_httpx": lambda: httpx.Request("POST", URL, json=request_body),
+            "body_sdk": lambda: httpx.Request("POST", URL, **json_request(request_body, None)),
             "detokenizer_vllm": lambda: first_token_text(FastIncrementalDetokenizer, vllm_tokenizer,
                                                          list(laid_out), token),
             "detokenizer_tail": lambda: first_token_text(TailPrimed, vllm_tokenizer, list(laid_out), token),
