@@ -4,7 +4,7 @@
     python benchmarks/tables.py attention benchmarks/results/attention-h200.json
     python benchmarks/tables.py concurrency benchmarks/results/client-concurrency-cpu.json
     python benchmarks/tables.py load benchmarks/results/load-h200-7139fcd.json
-    python benchmarks/tables.py overhead benchmarks/results/request-overhead-cpu-910ae89.json
+    python benchmarks/tables.py overhead benchmarks/results/request-overhead-cpu-619ca64.json
 """
 
 from __future__ import annotations
@@ -241,14 +241,14 @@ def load(data: dict) -> Iterator[str]:
 
 def overhead(data: dict) -> Iterator[str]:
     """benchmarks/request_overhead.py: one row per number of cached documents, milliseconds per request."""
-    yield (_row("k documents", "prompt tokens (plain / PIC)", "JSON ids", "detokenizer, vLLM's priming",
-                "detokenizer, tail priming", "vLLM's hasher (plain)", "MiniPIC's hasher (PIC)", "MiniPIC's account",
-                "MiniPIC's block records"))
-    yield (_row(*["---"] * 9))
+    stages = ("body_httpx", "body_sdk", "json_ids", "detokenizer_vllm", "detokenizer_tail", "hasher_vllm",
+              "hasher_minipic", "account", "block_records")  # fmt: skip
+    yield (_row("k documents", "prompt tokens (plain / PIC)", "client body, httpx json=", "client body, SDK",
+                "server: JSON ids", "detokenizer, vLLM's priming", "detokenizer, tail priming",
+                "vLLM's hasher (plain)", "MiniPIC's hasher (PIC)", "MiniPIC's account", "MiniPIC's block records"))
+    yield (_row(*["---"] * (2 + len(stages))))
     for r in data["rows"]:
-        yield (_row(r["k"], f"{r['plain_tokens']:,} / {r['pic_tokens']:,}", *(
-            f"{r[f'{name}_ms']:.2f}" for name in ("json_ids", "detokenizer_vllm", "detokenizer_tail", "hasher_vllm",
-                                                  "hasher_minipic", "account", "block_records"))))  # fmt: skip
+        yield (_row(r["k"], f"{r['plain_tokens']:,} / {r['pic_tokens']:,}", *(f"{r[f'{s}_ms']:.2f}" for s in stages)))
 
 
 # The printers by kind: each yields the lines (or blocks of lines) of its Markdown tables.

@@ -1023,7 +1023,7 @@ def test_the_blend_emulation_matches_its_results() -> None:
 def _overhead_figures() -> dict[str, str]:
     """The figures docs/benchmarks.md's per-token section quotes, from both request-overhead runs
     (32 documents) and the alternating cached-TTFT runs."""
-    after, before = (_result(f"request-overhead-cpu-{commit}.json")["rows"][-1] for commit in ("910ae89", "328b682"))
+    after, before = (_result(f"request-overhead-cpu-{commit}.json")["rows"][-1] for commit in ("619ca64", "328b682"))
     assert after["k"] == before["k"] == 32 and after["same_first_token_text"]
     runs = _result("cached-ttft-cpu-0eb55a1-vs-328b682.json")["runs"]
 
@@ -1046,6 +1046,7 @@ def _overhead_figures() -> dict[str, str]:
         "SUM_AFTER": total(after, ("detokenizer_tail", *ours)),
         "SUM_STOCK": total(after, ("detokenizer_vllm", "hasher_vllm")),
         "TTFT_BASE": spread("base"), "TTFT_NEW": spread("new"),
+        "BODY_HTTPX": f"{after['body_httpx_ms']:.1f}", "BODY_SDK": f"{after['body_sdk_ms']:.2f}",
     }  # fmt: skip
 
 
@@ -1053,7 +1054,7 @@ def test_the_per_token_work_section_matches_its_results() -> None:
     doc = (ROOT / "docs/benchmarks.md").read_text()
     start = doc.index("## Latest: per-token work over cached tokens")
     section = doc[start : doc.index("\n## ", start + 1)]
-    assert "\n".join(tables.overhead(_result("request-overhead-cpu-910ae89.json"))) in section
+    assert "\n".join(tables.overhead(_result("request-overhead-cpu-619ca64.json"))) in section
     text = " ".join(section.split())
     figures = _overhead_figures()
     quoted = (
@@ -1067,6 +1068,7 @@ def test_the_per_token_work_section_matches_its_results() -> None:
         f"took {figures['SUM_BEFORE']} ms at 328b682", f"take {figures['SUM_AFTER']} ms now",
         f"a stock server spends {figures['SUM_STOCK']} ms", f"the base took {figures['TTFT_BASE']} s",
         f"the new code {figures['TTFT_NEW']} s",
+        f"builds its request body in {figures['BODY_SDK']} ms where httpx's `json=` takes {figures['BODY_HTTPX']}",
     )  # fmt: skip
     for phrase in quoted:
         assert phrase in text, phrase
