@@ -1,16 +1,18 @@
 """A request's first generated token detokenized after the prompt's tail, not the whole prompt.
 
 vLLM primes each request's incremental detokenizer (tokenizers' ``DecodeStream``) with
-the entire prompt, and the stream decodes all of it when the first token arrives: 13 ms
-for a 35,600-token prompt on a 2-core VM (`benchmarks/request_overhead.py`), in the
+the entire prompt, and the stream decodes all of it when the first token arrives: over
+10 ms for a 35,000-token prompt on a 2-core VM (`benchmarks/request_overhead.py`), in the
 API-server process, on the way to every first token. A request over cached documents
 computes a few tokens, so this becomes the largest cost that grows with its prompt.
 
 A new token's text depends only on the few tokens before it (a character split over byte
 tokens, a word piece joining the one before), so MiniPIC primes the stream with the
 prompt's last `TAIL_TOKENS` tokens when they decode to text with no broken character;
-otherwise vLLM's own priming stays. Active only in servers whose engine runs PIC
-(`activate`, from the start-up hook), like the rest of the plugin.
+otherwise vLLM's own priming stays. vLLM's constructor runs unchanged on the real request
+(its stream is replaced after, at the cost of handing the prompt to tokenizers once), so
+nothing else it reads from the request can drift. Active only in servers whose engine runs
+PIC (`activate`, from the start-up hook), like the rest of the plugin.
 """
 
 from __future__ import annotations
