@@ -1072,3 +1072,11 @@ def test_the_per_token_work_section_matches_its_results() -> None:
     )  # fmt: skip
     for phrase in quoted:
         assert phrase in text, phrase
+
+
+def test_the_sdk_figure2_check_matches_its_results() -> None:
+    """The per-token section's CPU Figure 2 with the SDK's columns, as `tables.py served` prints it."""
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    start = doc.index("**Figure 2 through the SDK.**")
+    rows = list(tables.served(_result("served-figure2-cpu-411ce11.json")))
+    assert "\n".join(rows[: rows.index("")]) in doc[start:]
