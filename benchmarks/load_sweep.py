@@ -220,7 +220,7 @@ async def measure_rate(
     strategy = Strategy(args.strategy) if server.pic else Strategy.BASELINE
     events: list[RequestEvent] = []
     await reset_cache(url)
-    async with connect(url, server, args, events) as client:
+    async with connect(url, server, args, events, args.layout) as client:
         layout = type(client.default_technique).__name__ if server.pic else "plain"
         warm_s = None
         if args.warm_spans and server.pic:

@@ -151,11 +151,10 @@ async def reset_cache(url: str) -> None:
 
 
 def connect(
-    url: str, server: Server, args: argparse.Namespace, events: list[RequestEvent], layout: str | None = None
+    url: str, server: Server, args: argparse.Namespace, events: list[RequestEvent], layout: str | None
 ) -> SpanClient:
     """The SDK's client for `server`, laying documents out as `layout` (a `TECHNIQUES` name;
-    None: the first of ``--layout``, else the SDK's default)."""
-    layout = layout or args.layouts[0]
+    None: the SDK's default)."""
     return SpanClient(
         url, tokenizer=args.tokenizer, max_in_flight=in_flight(server, args),
         on_request=events.append, allow_stock_server=not server.pic,
@@ -182,7 +181,7 @@ async def table1_row(
 ) -> dict:
     events: list[RequestEvent] = []
     await reset_cache(url)
-    async with connect(url, server, args, events, layout) as client:
+    async with connect(url, server, args, events, layout or args.layouts[0]) as client:
         layout = layout_name(client) if server.pic else "plain"
         sampler = engine_timeline.Sampler(url, args.timeline_interval) if args.timeline else None
         if sampler:
@@ -243,7 +242,7 @@ async def sdk_ttft_s(url: str, server: Server, args, client: SpanClient, request
         return (await client.rag(task=request.task, docs=request.docs, system=request.system,
                                  max_tokens=request.max_tokens, strategy=Strategy.BASELINE)).ttft_s  # fmt: skip
     await reset_cache(url)
-    async with connect(url, server, args, []) as fresh:
+    async with connect(url, server, args, [], args.layouts[0]) as fresh:
         await fresh.preload([request])
         return (await fresh.rag(task=request.task, docs=request.docs, system=request.system,
                                 max_tokens=request.max_tokens)).ttft_s  # fmt: skip
@@ -256,7 +255,7 @@ async def figure2(url: str, server: Server, docs_1k: list[str], args) -> list[di
     rows = []
     events: list[RequestEvent] = []
     http = httpx.AsyncClient(base_url=url, timeout=600, transport=pooled_transport())
-    async with connect(url, server, args, events) as client, http:
+    async with connect(url, server, args, events, args.layouts[0]) as client, http:
         model = client.info.model
         for k in args.figure2_docs:
             for rep in range(args.figure2_reps + 1):  # the first repetition warms up
@@ -346,7 +345,7 @@ async def span_prefills(url: str, server: Server, texts: list[str], args) -> dic
     to a block) on `minipic serve`, the passage's own tokens on stock; both sent as the
     SDK's scheduler sends span prefills (`MAX_PROMPTS_PER_REQUEST` prompts a request,
     max_tokens 1), ``server.max_num_seqs`` prompts in flight."""
-    async with connect(url, server, args, []) as client:
+    async with connect(url, server, args, [], args.layouts[0]) as client:
         if server.pic:
             layouts = (client.rag_layout(RagRequest(task="?", docs=[t], raw=True)) for t in texts)
             prompts = [list(p.token_ids) for layout in layouts for p in layout.prefills if p.kind == "span"]
@@ -517,7 +516,8 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments `running` and the workload read: model, tokenizer, passages, output, server flags."""
+    """The arguments `running`, `connect` and the workload read: model, tokenizer, passages, output,
+    server flags, the client's prompts in flight."""
     parser.add_argument("--model", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--passages", type=Path, required=True)
@@ -525,6 +525,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra argument for every server, e.g. --server-arg=--load-format=dummy")  # fmt: skip
+    parser.add_argument("--in-flight-factor", type=float, default=1.0,
+                        help="prompts the client keeps in flight, times the server's max-num-seqs (stock and "
+                             "MiniPIC alike; above 1, requests queue on the server)")  # fmt: skip
 
 
 def main() -> None:
@@ -553,9 +556,6 @@ def main() -> None:
                         help="one more run per Table 1 row and max_tokens under vLLM's torch profiler")
     parser.add_argument("--gpu-profile-delay", type=int, default=20, help="engine steps skipped first")
     parser.add_argument("--gpu-profile-steps", type=int, default=100, help="engine steps profiled")
-    parser.add_argument("--in-flight-factor", type=float, default=1.0,
-                        help="prompts the client keeps in flight, times the server's max-num-seqs (stock and "
-                             "MiniPIC alike; above 1, requests queue on the server)")
     parser.add_argument("--timeline", action="store_true",
                         help="sample each server's /metrics during every Table 1 run (engine_timeline.py): requests "
                              "running and waiting, prompt and generated tokens finished; `timeline` in each row")

@@ -128,6 +128,16 @@ class ServerPool:
         self._release()
 
     @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No pool server and the lock held: for a test whose own process starts a server."""
+        self.stop()
+        self._acquire()
+        try:
+            yield
+        finally:
+            self._release()
+
+    @contextmanager
     def side_by_side(self, specs: list[ServerSpec]) -> Iterator[list[RunningServer]]:
         """A server of each spec at once, server i bound to core i (the pool's own
         server is stopped and the lock held meanwhile)."""

@@ -1,0 +1,57 @@
+"""The benchmark scripts that start their own server run end to end on the CPU (tiny model).
+
+`served.py` is driven on the H200 from the docs; the other scripts share its server and
+client helpers, and twice a helper read a flag only `served.py` defines, so they failed at
+start-up unnoticed. Each runs here briefly against a real `minipic serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servers import ServerPool
+
+pytestmark = pytest.mark.server
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER_ARGS = ["--server-arg=--block-size=16", "--server-arg=--max-model-len=4096",
+               "--server-arg=--kv-cache-memory-bytes=536870912", "--server-arg=--enforce-eager"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def passages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Sixty short passages in the 2Wiki file's shape (title, text)."""
+    path = tmp_path_factory.mktemp("passages") / "passages.json"
+    words = "river town bridge station museum library harbour mill lake tower".split()
+    rows = [{"title": f"Place {i}", "text": " ".join(words[(i + j) % 10] for j in range(40 + i % 30)) + "."}
+            for i in range(60)]  # fmt: skip
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def run(script: str, *args: str, model: Path, passages: Path, out: Path) -> dict:
+    command = [sys.executable, str(REPO / "benchmarks" / script), "--model", str(model), "--tokenizer", str(model),
+               "--passages", str(passages), "--out", str(out), *SERVER_ARGS, *args]  # fmt: skip
+    subprocess.run(command, check=True, cwd=REPO, timeout=600, capture_output=True)
+    return json.loads(out.read_text())
+
+
+def test_the_load_sweep_runs(server_pool: ServerPool, tiny_model_dir: Path, passages: Path, tmp_path: Path) -> None:
+    with server_pool.exclusive():
+        result = run("load_sweep.py", "--servers", "pic-256", "--rates", "4", "--seconds", "2", "--samples", "20",
+                     model=tiny_model_dir, passages=passages, out=tmp_path / "load.json")  # fmt: skip
+    (row,) = result["rates"]
+    assert row["server"] == "pic-256" and row["completed"] > 0
+
+
+def test_the_cached_ttft_profile_runs(server_pool: ServerPool, tiny_model_dir: Path, passages: Path,
+                                      tmp_path: Path) -> None:  # fmt: skip
+    with server_pool.exclusive():
+        result = run("cached_ttft.py", "--docs", "2", "--profile-seconds", "3", "--no-profile",
+                     model=tiny_model_dir, passages=passages, out=tmp_path / "ttft.json")  # fmt: skip
+    assert result["requests_profiled"] > 0 and result["cached_tokens"] > result["prompt_tokens"] // 2
