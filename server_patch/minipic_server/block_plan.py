@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from minipic_protocol.blocks import BlockKind, in_span, marker_kinds, marker_runs, opens_span
+from minipic_protocol.blocks import BlockKind, in_span, marker_runs, opens_span
 from minipic_server.boundary import ENGINE_PLANNER, REQUEST_RECORDS, SCHEDULE, STEP_RECORDS, Request, patch_instance
 from minipic_server.config import PicConfig
 
@@ -91,7 +91,7 @@ def records_of_request(request: Request, num_blocks: int, block_size: int, pic: 
     # Only prompt tokens act as markers (generated ones are banned from sampling).
     prompt_end = min(num_blocks * block_size, request.num_prompt_tokens)
     firsts = request.all_token_ids[first * block_size : prompt_end : block_size]
-    runs = marker_runs(firsts, marker_kinds(*pic.kind_marker_ids))
+    runs = marker_runs(firsts, pic.block_kinds)
     state.extend(first, first + (runs[0][0] if runs else len(firsts)))  # continuing the blocks before
     for start, kind, end in runs:
         state.extend(first + start, first + end, kind)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+from minipic_protocol.blocks import BlockKind, marker_kinds
 
 CONFIG_KEY = "minipic"
 _FIELDS = ("ssep_token_id", "pdep_token_id", "pad_token_id")
@@ -70,6 +73,12 @@ class PicConfig:
     def kind_marker_ids(self) -> tuple[int, int, int | None]:
         """The ids that give a block a kind, as `minipic_protocol.blocks` takes them."""
         return (self.ssep_token_id, self.pdep_token_id, self.hsep_token_id)
+
+    @cached_property
+    def block_kinds(self) -> dict[int, BlockKind]:
+        """A block's kind by its first prompt token (`marker_kinds`), made once: the hasher, the
+        block planner and the metrics look every marker block up in it."""
+        return marker_kinds(*self.kind_marker_ids)
 
     @property
     def embedded_markers(self) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from minipic_protocol.blocks import BlockKind, in_span, marker_kinds, opens_span
+from minipic_protocol.blocks import BlockKind, in_span, opens_span
 from minipic_server.boundary import (
     CHAIN_STATE,
     BlockHash,
@@ -73,7 +73,7 @@ def make_pic_block_hasher(
     block_size: int, hash_fn: Callable[[Any], bytes], pic: PicConfig
 ) -> Callable[[Request], list[BlockHash]]:
     """A drop-in for ``get_request_block_hasher`` that understands the markers."""
-    kinds = marker_kinds(*pic.kind_marker_ids)  # a block's kind by its first prompt token
+    kinds = pic.block_kinds
 
     def hash_new_full_blocks(request: Request) -> list[BlockHash]:
         if request.mm_features:

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import Counter as PrometheusCounter
 
-from minipic_protocol.blocks import BlockKind, marker_kinds, marker_runs, opens_span
+from minipic_protocol.blocks import BlockKind, marker_runs, opens_span
 from minipic_server.config import PicConfig
 
 
@@ -53,7 +53,7 @@ def account(token_ids: Sequence[int], num_cached_tokens: int, block_size: int, p
     cached_blocks = len(firsts) if num_cached_tokens >= len(token_ids) else num_cached_tokens // block_size
     reused = windowed = 0
     computed: Counter[BlockKind] = Counter()
-    for block, kind, end in marker_runs(firsts, marker_kinds(*pic.kind_marker_ids)):
+    for block, kind, end in marker_runs(firsts, pic.block_kinds):
         if block * block_size >= num_cached_tokens:
             computed[kind] += 1
         if opens_span(kind):
