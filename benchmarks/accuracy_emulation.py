@@ -18,6 +18,9 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+span-bias=B``: ``B`` added to the attention logits of every key inside a span, as seen from
   rows outside that span (APE's scaling of parallel contexts: their softmax weights times e^B);
 - ``+first-span-bias=B``: the same for the prompt's first span only;
+- ``+span-temp=T``: the attention logits of every key inside a span, as seen from rows outside
+  that span, divided by ``T`` (APE's attention temperature: below 1 sharpens what those rows
+  read from passages computed apart);
 - ``+span-sees-prefix``: every span's rows also see the prompt's prefix (everything before its
   first marker block: the system turn and the start of the user turn), as APE computes parallel
   contexts after a shared prefix;
@@ -43,7 +46,8 @@ from pathlib import Path
 
 import torch
 from accuracy_blend import Blend, blended_answer
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+from transformers.models.llama.modeling_llama import repeat_kv
 
 from minipic_client import BlockAttention, Epic, RagRequest, RefreshedHeads, SpanClient, Strategy, Tokenizer
 from minipic_client.prompt import Technique
@@ -59,7 +63,8 @@ from provenance import provenance
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
 CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=",
-           "span-sees-prefix", "blend=", "blend-random=")
+           "span-temp=", "span-sees-prefix", "blend=", "blend-random=")
+TEMPERED = "minipic_tempered"
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
@@ -110,6 +115,34 @@ def attention_bias(ids: Sequence[int], info: ServerInfo, changes: Sequence[str],
     return bias.masked_fill(~seen, float("-inf"))
 
 
+def logit_factor(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> torch.Tensor | None:
+    """With ``span-temp=T``: the ``[q, k]`` factor on attention logits, ``1/T`` on keys inside a span
+    for rows outside that span, else 1; None without it."""
+    change = next((c for c in changes if c.startswith("span-temp=")), None)
+    if change is None:
+        return None
+    starts = _window_starts(ids, info)
+    other_span = (starts[None, :] > 0) & (starts[:, None] != starts[None, :])
+    return torch.where(other_span, 1 / float(change.removeprefix("span-temp=")), 1.0)
+
+
+_FACTOR: list[torch.Tensor] = []  # the logit factor of the rows being computed; the hook has no other way to reach it
+
+
+def _tempered_attention(module, query, key, value, attention_mask, scaling: float, **kwargs):
+    """Eager attention with the logits times ``_FACTOR[-1]`` (the rows of the queries, the last of the
+    keys so far) before the mask."""
+    key, value = repeat_kv(key, module.num_key_value_groups), repeat_kv(value, module.num_key_value_groups)
+    keys = key.shape[2]
+    factor = _FACTOR[-1][keys - query.shape[2] : keys, :keys]
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling * factor + attention_mask
+    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+AttentionInterface.register(TEMPERED, _tempered_attention)
+
+
 def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> torch.Tensor:
     """``[q, k]``: MiniPIC's rule for the prompt, then the variant's hiding changes."""
     block, markers = info.block_size, (info.ssep_token_id, info.pdep_token_id, info.hsep_token_id)
@@ -158,9 +191,25 @@ def model_input(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) ->
 
 
 @torch.no_grad()
-def answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_tokens: int) -> list[int]:
-    """Greedy tokens after the prompt under the additive mask ``bias`` (`attention_bias`); each
-    generated token attends as the prompt's last token does, and to itself and earlier answer tokens."""
+def answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_tokens: int,
+           factor: torch.Tensor | None = None) -> list[int]:  # fmt: skip
+    """Greedy tokens after the prompt under the additive mask ``bias`` (`attention_bias`) and, if
+    given, the logit ``factor`` (`logit_factor`); each generated token attends as the prompt's last
+    token does, and to itself and earlier answer tokens."""
+    if factor is None:
+        return _answer(model, ids, bias, stop, max_tokens)
+    # generated tokens are outside every span: their factor row is the prompt's last one, then 1s
+    _FACTOR.append(torch.cat([torch.cat([factor, factor[-1:].expand(max_tokens, -1)]),
+                              torch.ones(len(ids) + max_tokens, max_tokens)], dim=1))  # fmt: skip
+    model.set_attn_implementation(TEMPERED)
+    try:
+        return _answer(model, ids, bias, stop, max_tokens)
+    finally:
+        model.set_attn_implementation("eager")
+        _FACTOR.pop()
+
+
+def _answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_tokens: int) -> list[int]:
     out = model(input_ids=torch.tensor([ids]), attention_mask=bias[None, None],
                 position_ids=torch.arange(len(ids))[None])  # fmt: skip
     row, generated = bias[-1], []
@@ -222,7 +271,8 @@ def main() -> None:
             bias = attention_bias(ids, info, changes, visibility(ids, info, changes))
             blending = blend_of(ids, info, changes)
             if blending is None:
-                generated = answer(model, model_input(ids, info, changes), bias, stop, args.max_tokens)
+                generated = answer(model, model_input(ids, info, changes), bias, stop, args.max_tokens,
+                                   logit_factor(ids, info, changes))  # fmt: skip
             else:
                 blend, fresh_bias = blending
                 generated = blended_answer(model, model_input(ids, info, changes), bias, fresh_bias, blend, stop,
