@@ -21,6 +21,10 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+span-temp=T``: the attention logits of every key inside a span, as seen from rows outside
   that span, divided by ``T`` (APE's attention temperature: below 1 sharpens what those rows
   read from passages computed apart);
+- ``+compact``: the pads and the PDep markers are seen by no other token (``+hide-pdep+hide-pads``)
+  *and* take no position: every token the question sees sits right after the one before it, as in
+  the plain prompt (each span keeps its own spacing, placed so that its first visible token follows
+  what precedes it); what a final prompt would read as plain text if the server dropped them;
 - ``+span-sees-prefix``: every span's rows also see the prompt's prefix (everything before its
   first marker block: the system turn and the start of the user turn), as APE computes parallel
   contexts after a shared prefix;
@@ -63,7 +67,7 @@ from provenance import provenance
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
 CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=",
-           "span-temp=", "span-sees-prefix", "blend=", "blend-random=")
+           "span-temp=", "compact", "span-sees-prefix", "blend=", "blend-random=")
 TEMPERED = "minipic_tempered"
 
 
@@ -153,18 +157,37 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
     seen = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= starts[:, None]) & (~hidden[None, :] | own_head)
     itself = pos[:, None] == pos[None, :]
     opens_block = pos % block == 0
-    if "hide-pdep" in changes:
+    if "hide-pdep" in changes or "compact" in changes:
         seen &= ~((tokens == info.pdep_token_id) & opens_block)[None, :] | itself
     if "hide-spans" in changes:
         span_marker = ((tokens == info.ssep_token_id) | (tokens == info.hsep_token_id)) & opens_block
         seen &= ~span_marker[None, :] | (starts[:, None] == pos[None, :])
-    if "hide-pads" in changes:
+    if "hide-pads" in changes or "compact" in changes:
         seen &= ~(tokens == info.pad_token_id)[None, :] | itself
     if "span-sees-prefix" in changes:
         opening = opens_block & torch.isin(tokens, torch.tensor(markers))
         prefix_end = int(pos[opening].min()) if bool(opening.any()) else 0
         seen |= (starts[:, None] > 0) & (pos[None, :] < prefix_end)
     return seen
+
+
+def positions_of(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> torch.Tensor:
+    """Each token's position: its index, or with ``compact`` the count of kept tokens before it
+    (kept: no pad, no PDep marker, no hidden block), a span's tokens keeping their spacing from
+    its first kept token."""
+    pos = torch.arange(len(ids))
+    if "compact" not in changes:
+        return pos
+    block, markers = info.block_size, (info.ssep_token_id, info.pdep_token_id, info.hsep_token_id)
+    tokens, starts = torch.tensor(ids), _window_starts(ids, info)
+    hidden = torch.tensor(hidden_of_prompt(ids, block, *markers))
+    kept = ~(hidden | (tokens == info.pad_token_id) | ((tokens == info.pdep_token_id) & (pos % block == 0)))
+    compact = torch.cumsum(kept, 0) - kept.long()
+    for start in starts[starts >= 0].unique().tolist():
+        members = starts == start
+        anchor = int(pos[members & kept].min()) if bool((members & kept).any()) else start
+        compact[members] = compact[anchor] + pos[members] - anchor
+    return compact
 
 
 def blend_of(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> tuple[Blend, torch.Tensor] | None:
@@ -192,26 +215,27 @@ def model_input(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) ->
 
 @torch.no_grad()
 def answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_tokens: int,
-           factor: torch.Tensor | None = None) -> list[int]:  # fmt: skip
+           factor: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> list[int]:  # fmt: skip
     """Greedy tokens after the prompt under the additive mask ``bias`` (`attention_bias`) and, if
-    given, the logit ``factor`` (`logit_factor`); each generated token attends as the prompt's last
-    token does, and to itself and earlier answer tokens."""
+    given, the logit ``factor`` (`logit_factor`) and the tokens' ``positions`` (`positions_of`); each
+    generated token attends as the prompt's last token does, and to itself and earlier answer tokens."""
+    positions = torch.arange(len(ids)) if positions is None else positions
     if factor is None:
-        return _answer(model, ids, bias, stop, max_tokens)
+        return _answer(model, ids, bias, stop, max_tokens, positions)
     # generated tokens are outside every span: their factor row is the prompt's last one, then 1s
     _FACTOR.append(torch.cat([torch.cat([factor, factor[-1:].expand(max_tokens, -1)]),
                               torch.ones(len(ids) + max_tokens, max_tokens)], dim=1))  # fmt: skip
     model.set_attn_implementation(TEMPERED)
     try:
-        return _answer(model, ids, bias, stop, max_tokens)
+        return _answer(model, ids, bias, stop, max_tokens, positions)
     finally:
         model.set_attn_implementation("eager")
         _FACTOR.pop()
 
 
-def _answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_tokens: int) -> list[int]:
-    out = model(input_ids=torch.tensor([ids]), attention_mask=bias[None, None],
-                position_ids=torch.arange(len(ids))[None])  # fmt: skip
+def _answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_tokens: int,
+            positions: torch.Tensor) -> list[int]:  # fmt: skip
+    out = model(input_ids=torch.tensor([ids]), attention_mask=bias[None, None], position_ids=positions[None])
     row, generated = bias[-1], []
     for step in range(max_tokens):
         token = int(out.logits[0, -1].argmax())
@@ -221,7 +245,7 @@ def _answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_token
         row = torch.cat([row, torch.tensor([0.0])])
         mask = row[None, None, None, :]
         out = model(input_ids=torch.tensor([[token]]), attention_mask=mask, past_key_values=out.past_key_values,
-                    position_ids=torch.tensor([[len(ids) + step]]))  # fmt: skip
+                    position_ids=torch.tensor([[int(positions[-1]) + 1 + step]]))  # fmt: skip
     return generated
 
 
@@ -272,7 +296,7 @@ def main() -> None:
             blending = blend_of(ids, info, changes)
             if blending is None:
                 generated = answer(model, model_input(ids, info, changes), bias, stop, args.max_tokens,
-                                   logit_factor(ids, info, changes))  # fmt: skip
+                                   logit_factor(ids, info, changes), positions_of(ids, info, changes))  # fmt: skip
             else:
                 blend, fresh_bias = blending
                 generated = blended_answer(model, model_input(ids, info, changes), bias, fresh_bias, blend, stop,
