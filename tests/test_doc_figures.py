@@ -277,7 +277,7 @@ def test_scale_out_prose_figures_match_their_results() -> None:
     ["accuracy-emulation-smollm2-cpu.json", "accuracy-emulation-markers-smollm2-cpu.json",
      "accuracy-emulation-bos-smollm2-cpu.json", "accuracy-emulation-span-bias-smollm2-cpu.json",
      "accuracy-emulation-first-span-bias-smollm2-cpu.json", "accuracy-emulation-first-span-bias-2-smollm2-cpu.json",
-     "accuracy-emulation-span-sees-prefix-smollm2-cpu.json"],
+     "accuracy-emulation-span-sees-prefix-smollm2-cpu.json", "accuracy-emulation-span-temp-smollm2-cpu.json"],
 )
 def test_emulation_table_matches_its_results(results: str) -> None:
     """Each run's variants in docs/accuracy.md (a variant both runs have answers the same there:
@@ -726,6 +726,17 @@ def test_span_sees_prefix_pairing_matches_its_results() -> None:
     right, wrong = _discordant(list(zip(verdicts["refreshed+span-sees-prefix"], verdicts["refreshed"], strict=True)))
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert f"it turns {right} answers right and {wrong} wrong (p={mcnemar_exact(right, wrong):.2f})" in doc
+
+
+def test_span_temperature_pairings_match_their_results() -> None:
+    """docs/accuracy.md's paired counts of +span-temp against refreshed heads of the same run."""
+    verdicts = _result("accuracy-emulation-span-temp-smollm2-cpu.json")["verdicts"]
+    counts = [_discordant(list(zip(verdicts[f"refreshed+span-temp={t}"], verdicts["refreshed"], strict=True)))
+              for t in ("0.9", "0.8", "1.15")]  # fmt: skip
+    (sharp_right, sharp_wrong), (sharper_right, sharper_wrong), (flat_right, flat_wrong) = counts
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"T = 0.9 turns {sharp_right} answers right and {sharp_wrong} wrong, T = 0.8 {sharper_right} right and "
+            f"{sharper_wrong} wrong, T = 1.15 {flat_right} right and {flat_wrong} wrong") in doc
 
 
 PROFILE_32 = "served-h200-table1-674608a-32-tokens-gpu-profile.json"  # one run a row, then a profiled one
