@@ -739,6 +739,38 @@ def test_span_temperature_pairings_match_their_results() -> None:
             f"{sharper_wrong} wrong, T = 1.15 {flat_right} right and {flat_wrong} wrong") in doc
 
 
+def test_the_compact_emulation_matches_its_results() -> None:
+    """docs/accuracy.md's `+compact` rows of both runs (labelled by seed) and their pooled pairing
+    against refreshed heads (seed 0's refreshed heads and full attention: the span-temp run's, the
+    same questions)."""
+    first, second = (_result(f"accuracy-emulation-compact{tag}-smollm2-cpu.json") for tag in ("", "-seed1"))
+    reference = _result("accuracy-emulation-span-temp-smollm2-cpu.json")["verdicts"]
+    assert first["verdicts"]["full"] == reference["full"]
+    lines = (ROOT / "docs/accuracy.md").read_text().splitlines()
+    for seed, run in ((0, first), (1, second)):
+        for variant, r in run["variants"].items():
+            if seed == 0 and variant == "full":
+                continue
+            row = next((line for line in lines if line.startswith(f"| `{variant}` (seed {seed}) |")), None)
+            cells = _emulation_cells(variant, r)
+            assert row is not None and all(f"| {cell} |" in row for cell in cells), (variant, row)
+    full = reference["full"] + second["verdicts"]["full"]
+    refreshed = reference["refreshed"] + second["verdicts"]["refreshed"]
+    compact = first["verdicts"]["refreshed+compact"] + second["verdicts"]["refreshed+compact"]
+    right, wrong = _discordant(list(zip(compact, refreshed, strict=True)))
+    share = (sum(compact) - sum(refreshed)) / (sum(full) - sum(refreshed))
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"refreshed heads answer {sum(refreshed)} of {len(full)} and with `+compact` {sum(compact)} "
+            f"(full attention {sum(full)}): {right} answers right only with it and {wrong} only without (exact McNemar "
+            f"p={mcnemar_exact(right, wrong):.2f}), {share:.0%} of refreshed heads' loss") in doc
+    controls = ((first, reference["refreshed"]), (second, second["verdicts"]["refreshed"]))
+    halves = [_discordant(list(zip(run["verdicts"]["refreshed+compact"], control, strict=True)))
+              for run, control in controls]  # fmt: skip
+    assert (f"the first 150 alone looked like more ({halves[0][0]} against {halves[0][1]}), the next 150 gave "
+            f"{halves[1][0]} against {halves[1][1]}") in doc
+    assert first["verdicts"]["pdep+compact"] == first["verdicts"]["full"]
+
+
 PROFILE_32 = "served-h200-table1-674608a-32-tokens-gpu-profile.json"  # one run a row, then a profiled one
 
 
