@@ -81,6 +81,8 @@ def parse_variant(variant: str) -> tuple[str, list[str]]:
     unknown = [c for c in changes if not c.startswith(CHANGES)]
     if layout not in ("full", "block", "refreshed", "pdep") or unknown:
         raise SystemExit(f"variant {variant!r}: LAYOUT is full|block|refreshed|pdep, changes {', '.join(CHANGES)}")
+    if any(c.startswith("blend") for c in changes) and any(c.startswith(("span-temp=", "compact")) for c in changes):
+        raise SystemExit(f"variant {variant!r}: a blend takes neither span-temp nor compact")
     return layout, changes
 
 

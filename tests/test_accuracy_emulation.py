@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from accuracy_blend import Blend, blended_answer
-from accuracy_emulation import attention_bias, model_input, parse_variant, visibility
+from accuracy_emulation import (
+    answer,
+    attention_bias,
+    logit_factor,
+    model_input,
+    parse_variant,
+    positions_of,
+    visibility,
+)
 from transformers import AutoModelForCausalLM
 
 from minipic_protocol.info import ServerInfo
@@ -75,6 +83,55 @@ def test_spans_see_the_prefix_before_the_first_marker_block() -> None:
     assert seen[6, 4] and not seen[6, 7]  # still causal within its span
     assert seen[9, 0] and seen[2, 0] and not seen[2, 3]  # rows outside spans as before
     assert parse_variant("refreshed+span-sees-prefix") == ("refreshed", ["span-sees-prefix"])
+
+
+def test_span_temperature_divides_span_logits_for_rows_outside_the_span_only() -> None:
+    factor = logit_factor(PROMPT, _info(), ["span-temp=0.5"])
+    assert factor[9, 5] == 2.0 and factor[9, 4] == 2.0  # the span's tokens and marker, from after the PDep
+    assert factor[6, 5] == 1.0 and factor[9, 0] == 1.0 and factor[9, 9] == 1.0  # inside the span; outside spans
+    assert logit_factor(PROMPT, _info(), []) is None
+    assert parse_variant("refreshed+span-temp=0.9") == ("refreshed", ["span-temp=0.9"])
+    with pytest.raises(SystemExit, match="blend"):
+        parse_variant("block+blend=0.1+span-temp=0.9")
+
+
+def test_compact_gives_pads_markers_and_hidden_heads_no_position() -> None:
+    # [text x3 pad][PDep text x3][HSep text x3][text text pad pad][PDep text x3]: a refreshed head
+    prompt = [TEXT] * 3 + [PAD, PDEP] + [TEXT] * 3 + [HSEP] + [TEXT] * 5 + [PAD, PAD, PDEP] + [TEXT] * 3
+    positions = positions_of(prompt, _info(), ["compact"]).tolist()
+    assert positions == [0, 1, 2, 3, 3, 3, 4, 5, 2, 3, 4, 5, 6, 7, 8, 9, 8, 8, 9, 10]
+    seen = visibility(prompt, _info(), ["compact"])[-1]
+    read = [positions[k] for k in range(len(prompt)) if seen[k] and k != len(prompt) - 1]
+    assert read == list(range(10))  # the last row reads one token at every position before its own
+    assert positions_of(prompt, _info(), []).tolist() == list(range(len(prompt)))
+    with pytest.raises(SystemExit, match="blend"):
+        parse_variant("refreshed+compact+blend=0.1")
+
+
+def test_compact_dependents_answer_as_the_plain_prompt(tiny_model_dir) -> None:
+    """Passages after PDep markers, padded, answer with ``compact`` exactly as the plain text does:
+    what the change removes is the markers' and pads' reading and their positions, nothing else."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager")
+    a, b, c = list(range(10, 17)), list(range(20, 25)), list(range(30, 36))
+    plain = a + b + c
+    laid_out = a + [PAD] + [PDEP, *b, PAD, PAD] + [PDEP, *c]  # blocks of 4, each PDep opening one
+    info, compact = _info(), ["compact"]
+    bias = attention_bias(laid_out, info, compact, visibility(laid_out, info, compact))
+    generated = answer(model.eval(), laid_out, bias, set(), 5, positions=positions_of(laid_out, info, compact))
+    expected = model.generate(torch.tensor([plain]), max_new_tokens=5, do_sample=False)[0, len(plain) :]
+    assert generated == expected.tolist()
+    as_is = answer(model, laid_out, attention_bias(laid_out, info, [], visibility(laid_out, info, [])), set(), 5)
+    assert as_is != generated  # the markers and pads, read at their positions, change the answer
+
+
+def test_span_temperature_of_one_changes_nothing(tiny_model_dir) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager")
+    ids = [TEXT + i for i in range(4)] + [SSEP, 20, 21, 22] + [PDEP, 30, 31, 32]
+    bias = attention_bias(ids, _info(), [], visibility(ids, _info(), []))
+    plain = answer(model.eval(), ids, bias, set(), 4)
+    assert answer(model, ids, bias, set(), 4, logit_factor(ids, _info(), ["span-temp=1"])) == plain
+    hot = answer(model, ids, bias, set(), 4, logit_factor(ids, _info(), ["span-temp=0.05"]))
+    assert hot != plain
 
 
 def _tiny_prompt_masks(length: int, span: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
