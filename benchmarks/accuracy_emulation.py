@@ -104,12 +104,17 @@ def _window_starts(ids: Sequence[int], info: ServerInfo) -> torch.Tensor:
     return torch.tensor(window_starts_of_prompt(ids, info.block_size, *markers))
 
 
+def _outside_rows_of_span_keys(starts: torch.Tensor) -> torch.Tensor:
+    """``[q, k]``: the key is inside a span and the row outside that span (the pairs APE rescales)."""
+    return (starts[None, :] > 0) & (starts[:, None] != starts[None, :])
+
+
 def attention_bias(ids: Sequence[int], info: ServerInfo, changes: Sequence[str], seen: torch.Tensor) -> torch.Tensor:
     """``[q, k]`` additive mask: -inf where ``seen`` is False, else 0 or, with ``span-bias=B``,
     ``B`` on keys inside a span (window start > 0) for rows outside that span (with
     ``first-span-bias=B``, inside the first span only)."""
     starts = _window_starts(ids, info)
-    other_span = (starts[None, :] > 0) & (starts[:, None] != starts[None, :])
+    other_span = _outside_rows_of_span_keys(starts)
     bias = torch.zeros(len(ids), len(ids))
     for change in changes:
         if change.startswith("span-bias="):
@@ -127,8 +132,7 @@ def logit_factor(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -
     change = next((c for c in changes if c.startswith("span-temp=")), None)
     if change is None:
         return None
-    starts = _window_starts(ids, info)
-    other_span = (starts[None, :] > 0) & (starts[:, None] != starts[None, :])
+    other_span = _outside_rows_of_span_keys(_window_starts(ids, info))
     return torch.where(other_span, 1 / float(change.removeprefix("span-temp=")), 1.0)
 
 
