@@ -1123,3 +1123,24 @@ def test_the_sdk_figure2_check_matches_its_results() -> None:
     start = doc.index("**Figure 2 through the SDK.**")
     rows = list(tables.served(_result("served-figure2-cpu-411ce11.json")))
     assert "\n".join(rows[: rows.index("")]) in doc[start:]
+
+
+def test_the_figure2_at_516575e_matches_its_results() -> None:
+    """docs/benchmarks.md's Figure 2 at 516575e: the table as `tables.py served` prints it, and the
+    figures the text quotes."""
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    result = _result("served-h200-figure2-516575e.json")
+    rows = list(tables.served(result))
+    assert "\n".join(rows[: rows.index("")]) in doc
+
+    def median(key: str, k: int) -> float:
+        return statistics.median(r[key] for r in result["figure2"] if r["k"] == k and key in r)
+
+    cached, uncached = median("pic_cached_ttft_s", 32), median("stock_uncached_ttft_s", 32)
+    text = " ".join(doc.split())
+    assert (f"**0.043 s against stock's uncached {uncached:.3f} s: {uncached / cached:.0f}x**") in text
+    assert f"{cached:.3f}" == "0.043"
+    assert f"fully cached ({median('stock_cached_ttft_s', 32):.3f} s)" in text
+    one = median("pic_cached_ttft_s", 1)
+    assert f"({cached:.3f} against {one:.3f} s, {cached / one:.1f}x)" in text
+    assert f"it takes {median('pic_cached_ttft_sdk_s', 32):.3f} s" in text
