@@ -1,14 +1,21 @@
-"""Where the time of one request over k cached documents goes: TTFT and a py-spy profile.
+"""Where the time of one request over k cached documents goes: TTFT, the server's stages, and profiles.
 
     python benchmarks/cached_ttft.py --model MODEL_DIR --tokenizer TOKENIZER_DIR \\
-        --passages ../shared/data/2wiki_passages.json --docs 32 \\
+        --passages ../shared/data/2wiki_passages.json --docs 1 32 [--layout block] [--gpu-profile] \\
         --out benchmarks/results/cached-ttft-cpu.json [--server-arg=...]
 
-Starts `minipic serve`, preloads k documents of ~1,000 tokens as spans, then sends the
-same final prompt (all k documents cached, a few new tokens) again and again, one at a
-time, while py-spy samples the API server and the engine core (``--no-profile``: without).
-The JSON holds the TTFTs and, per process, the share of samples in which each function was
-on the stack.
+Starts `minipic serve` once and, for each k of ``--docs``, preloads k documents of ~1,000
+tokens as spans, then sends the same final prompt (all k documents cached, a few new
+tokens) again and again, one at a time:
+
+* ``--timed-requests`` of them unobserved: the TTFT, and from vLLM's request-time histograms
+  (``/metrics``) where each request's time went on the server: from the API server's
+  arrival to the first token, queued in the engine, from scheduled to the first token; the
+  rest of the client's TTFT is HTTP and JSON;
+* for ``--profile-seconds`` under py-spy (the API server and the engine core; ``--no-profile``:
+  not), each function's share of samples, converted to milliseconds per request;
+* with ``--gpu-profile``, ``--gpu-profile-steps`` of them under vLLM's torch profiler: each
+  engine step's GPU time and the kernels taking it.
 """
 
 from __future__ import annotations
@@ -25,13 +32,27 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from served import SERVERS, add_server_arguments, first_token_s, passages_as_docs, profiled, running  # noqa: E402
+import gpu_profile  # noqa: E402
+from engine_timeline import read_metrics  # noqa: E402
+from served import (  # noqa: E402
+    SERVERS,
+    add_server_arguments,
+    first_token_s,
+    passages_as_docs,
+    profile_dir,
+    profiled,
+    running,
+)
 from workload import SYSTEM  # noqa: E402
 
 from minipic_client import RagRequest, SpanClient, Strategy  # noqa: E402
 from minipic_client.client import pooled_transport  # noqa: E402
+from minipic_client.prompt import TECHNIQUES  # noqa: E402
 
 from provenance import provenance  # noqa: E402
+
+# The request-time histograms (`engine_timeline.METRICS` fields) a stage breakdown reads.
+_STAGES = ("first_token_s", "queued_s", "prefill_s")
 
 
 def inclusive_shares(raw: Path, top: int) -> dict[str, list[tuple[str, float]]]:
@@ -52,50 +73,91 @@ def inclusive_shares(raw: Path, top: int) -> dict[str, list[tuple[str, float]]]:
     }
 
 
-async def measure(url: str, args: argparse.Namespace, docs: list[str], process, profile: Path) -> dict:
-    request = RagRequest(task="Which document mentions a river?", docs=docs, system=SYSTEM, max_tokens=1)
+def per_request_ms(shares: dict[str, list[tuple[str, float]]], seconds: float, requests: int) -> dict:
+    """Shares of a window of ``seconds`` in which ``requests`` were served one at a time, as
+    milliseconds per request: what each function costs a request, where it is on the stack."""
+    scale = 1e3 * seconds / max(1, requests)
+    return {process: [(name, round(share * scale, 2)) for name, share in rows] for process, rows in shares.items()}
+
+
+async def _metrics(http: httpx.AsyncClient) -> dict[str, float]:
+    response = await http.get("/metrics")
+    response.raise_for_status()
+    return read_metrics(response.text)
+
+
+async def stages(http: httpx.AsyncClient, model: str, token_ids: list[int], requests: int) -> dict:
+    """TTFTs of ``requests`` sent one at a time, and the server's mean stage times per request."""
+    before = await _metrics(http)
+    ttfts = [(await first_token_s(http, model, token_ids))[0] for _ in range(requests)]
+    await asyncio.sleep(0.5)  # the last request's histograms
+    after = await _metrics(http)
+    mean = {f"server_{field}": (after[field] - before[field]) / requests for field in _STAGES}
+    return {"ttft_median_s": statistics.median(ttfts), "ttft_quartiles_s": statistics.quantiles(ttfts, n=4), **mean}
+
+
+async def measure_k(url: str, args: argparse.Namespace, docs: list[str], process, out: Path) -> dict:
+    technique = TECHNIQUES[args.layout] if args.layout else None
+    request = RagRequest(task="Which document mentions a river?", docs=docs, system=SYSTEM, max_tokens=1,
+                         technique=technique)  # fmt: skip
     async with SpanClient(url) as client, httpx.AsyncClient(
         base_url=url, timeout=600, transport=pooled_transport()
     ) as http:
         model = client.info.model
         layout = client.rag_layout(request, strategy=Strategy.ISPS)
         await asyncio.gather(*(first_token_s(http, model, list(p.token_ids)) for p in layout.prefills))
-        warm = [(await first_token_s(http, model, layout.token_ids))[0] for _ in range(3)]
-        ttfts, usage = [], {}
-        with profiled(process, profile, args.profile_seconds, not args.no_profile):
-            deadline = time.perf_counter() + args.profile_seconds
-            while time.perf_counter() < deadline:
-                ttft, usage = await first_token_s(http, model, layout.token_ids)
-                ttfts.append(ttft)
-    return {
-        "docs": len(docs), "prompt_tokens": usage.get("prompt_tokens"),
-        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-        "warm_up_ttft_s": warm, "requests_profiled": len(ttfts), "ttft_median_s": statistics.median(ttfts),
-        "ttft_quartiles_s": statistics.quantiles(ttfts, n=4),
-    }  # fmt: skip
+        token_ids = list(layout.token_ids)
+        warm = [(await first_token_s(http, model, token_ids))[0] for _ in range(3)]
+        _, usage = await first_token_s(http, model, token_ids)
+        row = {"docs": len(docs), "prompt_tokens": usage.get("prompt_tokens"),
+               "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+               "warm_up_ttft_s": warm, **await stages(http, model, token_ids, args.timed_requests)}  # fmt: skip
+        if not args.no_profile:
+            raw = out.with_name(f"{out.stem}-{len(docs)}-docs.pyspy.txt")
+            profiled_ttfts = []
+            with profiled(process, raw, args.profile_seconds, True):
+                deadline = time.perf_counter() + args.profile_seconds
+                while time.perf_counter() < deadline:
+                    profiled_ttfts.append((await first_token_s(http, model, token_ids))[0])
+            shares = inclusive_shares(raw, args.top)
+            row |= {"requests_profiled": len(profiled_ttfts), "stack_shares": shares,
+                    "stack_ms_per_request": per_request_ms(shares, args.profile_seconds, len(profiled_ttfts))}
+        if args.gpu_profile:
+            await gpu_profile.start(url)
+            for _ in range(args.gpu_profile_steps):
+                await first_token_s(http, model, token_ids)
+            table = await gpu_profile.stop_and_read(url, profile_dir(SERVERS["pic-256"], args))
+            row["gpu_profile"] = {"engine_steps": gpu_profile.engine_steps(table),
+                                  "ops": [op for op in table["ops"] if not gpu_profile.is_step(op)][: args.top]}
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser)
-    parser.add_argument("--docs", type=int, default=32)
+    parser.add_argument("--docs", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--layout", choices=list(TECHNIQUES), default=None, help="default: the SDK's default")
+    parser.add_argument("--timed-requests", type=int, default=20)
     parser.add_argument("--profile-seconds", type=int, default=20)
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--no-profile", action="store_true", help="time the requests without py-spy attached")
+    parser.add_argument("--no-profile", action="store_true", help="no py-spy window")
+    parser.add_argument("--gpu-profile", action="store_true", help="a window of engine steps under torch's profiler")
+    parser.add_argument("--gpu-profile-steps", type=int, default=10)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     passages = json.loads(args.passages.read_text())
-    docs = passages_as_docs(passages, AutoTokenizer.from_pretrained(args.tokenizer), 1000, args.docs)
+    docs = passages_as_docs(passages, AutoTokenizer.from_pretrained(args.tokenizer), 1000, max(args.docs))
     server = SERVERS["pic-256"]
-    profile = args.out.with_suffix(".pyspy.txt")
-    with running(server, args) as (url, process, _log):
-        row = asyncio.run(measure(url, args, docs, process, profile))
-    report = {"provenance": provenance(), **row}
-    if not args.no_profile:
-        report["stack_shares"] = inclusive_shares(profile, args.top)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(row))
+    flags = gpu_profile.server_flags(profile_dir(server, args), 0, args.gpu_profile_steps) if args.gpu_profile else []
+    if args.gpu_profile:
+        profile_dir(server, args).mkdir(parents=True, exist_ok=True)
+    rows = []
+    with running(server, args, flags) as (url, process, _log):
+        for k in args.docs:
+            rows.append(asyncio.run(measure_k(url, args, docs[:k], process, args.out)))
+            print(json.dumps({key: v for key, v in rows[-1].items() if not key.startswith(("stack", "gpu"))}))
+    args.out.write_text(json.dumps({"provenance": provenance(), "layout": args.layout, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

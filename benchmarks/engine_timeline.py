@@ -32,6 +32,9 @@ METRICS = {
     "vllm:e2e_request_latency_seconds": ("server_s", "_sum"),
     "vllm:request_queue_time_seconds": ("queued_s", "_sum"),
     "vllm:request_inference_time_seconds": ("inference_s", "_sum"),
+    # To the first token: from the API server's arrival, and from being scheduled.
+    "vllm:time_to_first_token_seconds": ("first_token_s", "_sum"),
+    "vllm:request_prefill_time_seconds": ("prefill_s", "_sum"),
 }
 COUNTERS = tuple(field for field, sample in METRICS.values() if sample)  # counted from the run's first sample
 

@@ -5,7 +5,7 @@
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
 # and .whl (the SDK's httpx-sse and httpx-aiohttp, py-spy for --profile): `bash
 # tools/device-carry.sh` makes both. Usage, from the repository root:
-#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|replicas|load|accuracy [its args...]
+#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|accuracy [its args...]
 # Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
 # now + 570) bounds the step, so servers are always stopped before a device call's limit.
 set -u
@@ -57,6 +57,10 @@ kernel)
         2>&1 | tee "$OUT/attention.log" | grep -v Warning ;;
 served)
     run_served served served.py "$@" ;;
+ttft)
+    # One request over k cached documents, again and again (`cached_ttft.py`): TTFT, the server's
+    # stages, py-spy and (--gpu-profile) torch's profiler, for each k of --docs on one server.
+    run_served cached-ttft cached_ttft.py "$@" ;;
 replicas)
     # Two replicas on the one GPU (docs/scale-out.md): placement vs round-robin vs one replica,
     # stock round-robin, then (if the deadline allows) the eviction pair.
@@ -89,5 +93,5 @@ accuracy)
         --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
         2>&1 | tee "$OUT/accuracy.log" | grep -v Warning ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernel|served|replicas|load|test-gpu|accuracy [args...]"; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|accuracy [args...]"; exit 2 ;;
 esac

@@ -52,6 +52,12 @@ def test_the_load_sweep_runs(server_pool: ServerPool, tiny_model_dir: Path, pass
 def test_the_cached_ttft_profile_runs(server_pool: ServerPool, tiny_model_dir: Path, passages: Path,
                                       tmp_path: Path) -> None:  # fmt: skip
     with server_pool.exclusive():
-        result = run("cached_ttft.py", "--docs", "2", "--profile-seconds", "3", "--no-profile",
+        result = run("cached_ttft.py", "--docs", "1", "2", "--timed-requests", "4", "--no-profile", "--layout", "block",
                      model=tiny_model_dir, passages=passages, out=tmp_path / "ttft.json")  # fmt: skip
-    assert result["requests_profiled"] > 0 and result["cached_tokens"] > result["prompt_tokens"] // 2
+    one, two = result["rows"]
+    assert (one["docs"], two["docs"]) == (1, 2) and two["prompt_tokens"] > one["prompt_tokens"]
+    for row in (one, two):
+        assert row["cached_tokens"] > row["prompt_tokens"] // 2
+        # The server's stages nest inside the client's TTFT: scheduled -> first token, queued, arrival -> first token.
+        assert 0 < row["server_prefill_s"] + row["server_queued_s"] <= row["server_first_token_s"]
+        assert row["server_first_token_s"] < 2 * row["ttft_quartiles_s"][2]
