@@ -13,7 +13,7 @@ tokens) again and again, one at a time:
   arrival to the first token, queued in the engine, from scheduled to the first token; the
   rest of the client's TTFT is HTTP and JSON;
 * for ``--profile-seconds`` under py-spy (the API server and the engine core; ``--no-profile``:
-  not), each function's share of samples, converted to milliseconds per request;
+  not), the milliseconds of samples per request in which each function was on the stack;
 * with ``--gpu-profile``, ``--gpu-profile-steps`` of them under vLLM's torch profiler: each
   engine step's GPU time and the kernels taking it.
 """
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_profile  # noqa: E402
 from engine_timeline import read_metrics  # noqa: E402
 from served import (  # noqa: E402
+    PYSPY_RATE,
     SERVERS,
     add_server_arguments,
     first_token_s,
@@ -55,29 +56,26 @@ from provenance import provenance  # noqa: E402
 _STAGES = ("first_token_s", "queued_s", "prefill_s")
 
 
-def inclusive_shares(raw: Path, top: int) -> dict[str, list[tuple[str, float]]]:
-    """Per process: the functions most often on the stack (py-spy's raw format), share of samples."""
-    totals: Counter[str] = Counter()
+def inclusive_samples(raw: Path) -> dict[str, Counter[str]]:
+    """Per process: in how many samples each function was on the stack (py-spy's raw format)."""
     seen: dict[str, Counter[str]] = {}
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
         # py-spy nests a child's stack under its parents' process frames: the last one is the sampled process.
         process = next((f.split(":", 1)[1].strip('"')[:60] for f in reversed(frames) if f.startswith("process ")), "?")
-        totals[process] += int(count)
         for name in {f.split(" (")[0] for f in frames if not f.startswith(("process ", "thread "))}:
             seen.setdefault(process, Counter())[name] += int(count)
-    return {
-        process: [(name, round(n / totals[process], 3)) for name, n in seen[process].most_common(top)]
-        for process in totals
-    }
+    return seen
 
 
-def per_request_ms(shares: dict[str, list[tuple[str, float]]], seconds: float, requests: int) -> dict:
-    """Shares of a window of ``seconds`` in which ``requests`` were served one at a time, as
-    milliseconds per request: what each function costs a request, where it is on the stack."""
-    scale = 1e3 * seconds / max(1, requests)
-    return {process: [(name, round(share * scale, 2)) for name, share in rows] for process, rows in shares.items()}
+def ms_per_request(samples: dict[str, Counter[str]], requests: int, top: int) -> dict[str, list[tuple[str, float]]]:
+    """Per process, the functions most often on the stack, as milliseconds of samples per request
+    (the requests were served one at a time): what each costs a request where it runs, idle
+    threads that spin included (py-spy samples every thread that is not asleep)."""
+    scale = 1e3 / PYSPY_RATE / max(1, requests)
+    return {process: [(name, round(n * scale, 2)) for name, n in counts.most_common(top)]
+            for process, counts in samples.items()}  # fmt: skip
 
 
 async def _metrics(http: httpx.AsyncClient) -> dict[str, float]:
@@ -119,9 +117,9 @@ async def measure_k(url: str, args: argparse.Namespace, docs: list[str], process
                 deadline = time.perf_counter() + args.profile_seconds
                 while time.perf_counter() < deadline:
                     profiled_ttfts.append((await first_token_s(http, model, token_ids))[0])
-            shares = inclusive_shares(raw, args.top)
-            row |= {"requests_profiled": len(profiled_ttfts), "stack_shares": shares,
-                    "stack_ms_per_request": per_request_ms(shares, args.profile_seconds, len(profiled_ttfts))}
+            row |= {"requests_profiled": len(profiled_ttfts),
+                    "profiled_ttft_median_s": statistics.median(profiled_ttfts),
+                    "stack_ms_per_request": ms_per_request(inclusive_samples(raw), len(profiled_ttfts), args.top)}
         if args.gpu_profile:
             await gpu_profile.start(url)
             for _ in range(args.gpu_profile_steps):
@@ -144,6 +142,7 @@ def main() -> None:
     parser.add_argument("--gpu-profile", action="store_true", help="a window of engine steps under torch's profiler")
     parser.add_argument("--gpu-profile-steps", type=int, default=10)
     args = parser.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 
     passages = json.loads(args.passages.read_text())

@@ -367,13 +367,16 @@ def jit_lines_after_ready(log: Path, ready_at: int) -> list[str]:
     return [line for line in text[ready_at:] if JIT_PATTERN.search(line)]
 
 
+PYSPY_RATE = 100  # py-spy's samples per second (`profiled`)
+
+
 @contextmanager
 def profiled(process: subprocess.Popen, path: Path, seconds: int, enabled: bool) -> Iterator[None]:
     """py-spy over the server and its engine process while the block runs."""
     spy = None
     if enabled:
         spy = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(process.pid), "--subprocesses", "--rate", "100",
+            ["py-spy", "record", "--pid", str(process.pid), "--subprocesses", "--rate", str(PYSPY_RATE),
              "--duration", str(seconds), "--format", "raw", "--output", str(path)],
             stdout=path.with_suffix(".log").open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
