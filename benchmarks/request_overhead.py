@@ -11,8 +11,9 @@ objects on the Figure 2 prompts (the SDK's layout, Block-Attention, of the same 
 - ``detokenizer_vllm`` / ``detokenizer_tail``: vLLM's incremental detokenizer built and
   given the first generated token, primed as vLLM primes it (the whole prompt) and as MiniPIC
   primes it (the tail, `minipic_server.detokenizer_priming`);
-- ``hasher_vllm`` / ``hasher_minipic``: a vLLM ``Request`` built with vLLM's block hasher
-  over the plain prompt, and with MiniPIC's over the PIC prompt;
+- ``hasher_vllm`` / ``hasher_minipic`` / ``hasher_minipic_new_spans``: a vLLM ``Request``
+  built with vLLM's block hasher over the plain prompt, and with MiniPIC's over the PIC prompt,
+  its documents hashed before (as a question over preloaded documents finds them) or never;
 - ``account``: MiniPIC's per-request metrics pass (`minipic_server.metrics.account`);
 - ``block_records``: the block records MiniPIC's scheduler ships for a new request whose
   table holds every block of the PIC prompt (`minipic_server.block_plan.BlockPlanner`).
@@ -160,6 +161,8 @@ def main() -> None:
             "detokenizer_tail": lambda: first_token_text(TailPrimed, vllm_tokenizer, list(laid_out), token),
             "hasher_vllm": lambda: hashed(list(plain), stock_hasher),
             "hasher_minipic": lambda: hashed(list(laid_out), pic_hasher),
+            "hasher_minipic_new_spans": lambda: hashed(list(laid_out),
+                                                       make_pic_block_hasher(args.block_size, hash_fn, pic)),
             "account": lambda: account(laid_out, len(laid_out) - 1, args.block_size, pic),
             "block_records": planner_step(list(laid_out), args.block_size, pic),
         }  # fmt: skip

@@ -46,8 +46,10 @@ def _none_hash() -> None:
     init_none_hash(sha256)
 
 
-def request(prompt: list[int], block_size: int, salt: str | None, *, pic: bool, generated: list[int] = ()) -> Request:
-    hasher = make_pic_block_hasher(block_size, sha256, PIC) if pic else get_request_block_hasher(block_size, sha256)
+def request(prompt: list[int], block_size: int, salt: str | None, *, pic: bool, generated: list[int] = (),
+            hasher=None) -> Request:  # fmt: skip
+    if hasher is None:
+        hasher = make_pic_block_hasher(block_size, sha256, PIC) if pic else get_request_block_hasher(block_size, sha256)
     r = Request("r", prompt, SamplingParams(max_tokens=len(generated) + 1), None, cache_salt=salt,
                 block_hasher=hasher)
     for token in generated:
@@ -155,3 +157,18 @@ def test_a_pdep_block_depends_on_every_earlier_token(prompt, block_size, data):
     other[changed] = 99  # an ordinary token no prompt holds
     assert (request(prompt, block_size, None, pic=True).block_hashes[target]
             != request(other, block_size, None, pic=True).block_hashes[target])
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None)
+@given(
+    prompts=st.lists(st.tuples(st.lists(TOKENS, max_size=48), SALTS, st.lists(TOKENS, max_size=12)), min_size=2,
+                     max_size=6),
+    block_size=st.integers(1, 4), kept=st.integers(1, 12),
+)
+def test_spans_hashed_before_hash_as_when_first_seen(prompts, block_size, kept):
+    """One hasher over many requests (its spans kept from earlier ones, the oldest dropped
+    past ``kept`` blocks) gives every request the hashes a fresh hasher gives it."""
+    shared = make_pic_block_hasher(block_size, sha256, PIC, span_blocks_kept=kept)
+    for prompt, salt, generated in prompts * 2:
+        again = request(prompt, block_size, salt, pic=True, generated=generated, hasher=shared).block_hashes
+        assert again == request(prompt, block_size, salt, pic=True, generated=generated).block_hashes

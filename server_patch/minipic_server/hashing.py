@@ -18,7 +18,10 @@ by the rule of `minipic_protocol.blocks`:
   time on the unbroken chain: a prompt over k cached documents hashes each of
   its blocks once.
 
-A block never hashes over less context than its attention window. Generated
+A span's block hashes depend only on the span's own tokens (and the request's
+extra keys), so a span seen before is not hashed again: `_SpanRuns` keeps them by
+content, and a prompt over k cached documents costs a lookup per document, not a
+hash per block. A block never hashes over less context than its attention window. Generated
 tokens never act as markers (the markers are also banned from sampling).
 Multimodal requests are refused: their extra keys would need vLLM's own
 bookkeeping of which images a block overlaps.
@@ -26,11 +29,13 @@ bookkeeping of which images a block overlaps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from minipic_protocol.blocks import BlockKind, in_span, opens_span
+from minipic_protocol.blocks import BlockKind, in_span, marker_runs, opens_span
 from minipic_server.boundary import (
     CHAIN_STATE,
     BlockHash,
@@ -55,9 +60,12 @@ class _ChainState:
 
     def prefix_through_spans(self, hash_fn: Callable[[Any], bytes]) -> BlockHash | None:
         """The parent of a block outside spans: the last such block's hash, linked once to
-        the span blocks' hashes since (the tuple of hashes goes where a block's tokens go)."""
+        the span blocks' hashes since (their digest goes where a block's tokens go). The
+        digest is of their bytes joined: a tuple of them would serialize differently when
+        two spans are one kept object (`_SpanRuns`) than when they are equal copies."""
         if self.span_hashes:
-            self.prefix_hash = hash_block_tokens(hash_fn, self.prefix_hash, tuple(self.span_hashes), None)
+            digest = hash_fn(b"".join(self.span_hashes))
+            self.prefix_hash = hash_block_tokens(hash_fn, self.prefix_hash, (digest,), None)
             self.span_hashes = []
         return self.prefix_hash
 
@@ -69,11 +77,66 @@ def _salted(request: Request, start: int, extra_keys: tuple[Any, ...] | None) ->
     return (*(extra_keys or ()), ("cache_salt", request.cache_salt))
 
 
+class _SpanRuns:
+    """Block hashes of spans by content: a span's tokens, its blocks' extra keys and the
+    root it hashes from name its hashes exactly (a dict compares keys in full, so no
+    collision can return another span's hashes). Least recently used spans go first once
+    more than ``capacity`` blocks are kept (~100 bytes a block)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._runs: OrderedDict[tuple[Any, ...], list[BlockHash]] = OrderedDict()
+        self._blocks = 0
+        self._capacity = capacity
+
+    def hashes(
+        self, key: tuple[Any, ...], compute: Callable[[], list[BlockHash]]
+    ) -> list[BlockHash]:
+        runs = self._runs
+        if key in runs:
+            runs.move_to_end(key)
+            return runs[key]
+        hashes = runs[key] = compute()
+        self._blocks += len(hashes)
+        while self._blocks > self._capacity and len(runs) > 1:
+            self._blocks -= len(runs.popitem(last=False)[1])
+        return hashes
+
+
 def make_pic_block_hasher(
-    block_size: int, hash_fn: Callable[[Any], bytes], pic: PicConfig
+    block_size: int, hash_fn: Callable[[Any], bytes], pic: PicConfig, *, span_blocks_kept: int = 1 << 16
 ) -> Callable[[Request], list[BlockHash]]:
-    """A drop-in for ``get_request_block_hasher`` that understands the markers."""
+    """A drop-in for ``get_request_block_hasher`` that understands the markers; it keeps the
+    hashes of up to ``span_blocks_kept`` span blocks for the next request with those spans."""
     kinds = pic.block_kinds
+    span_runs = _SpanRuns(span_blocks_kept)
+
+    def chain(request: Request, parent: BlockHash | None, first: int, end: int) -> list[BlockHash]:
+        """Blocks ``first`` to ``end`` (exclusive), each on the one before, the first on ``parent``."""
+        hashes = []
+        tokens = request.all_token_ids
+        for start in range(first * block_size, end * block_size, block_size):
+            extra_keys, _ = generate_block_hash_extra_keys(request, start, start + block_size, 0)
+            parent = hash_block_tokens(hash_fn, parent, tokens[start : start + block_size], extra_keys)
+            hashes.append(parent)
+        return hashes
+
+    def span(request: Request, first: int, end: int) -> list[BlockHash]:
+        """A span opening at block ``first``, through block ``end``: from the root, salted."""
+        start, stop = first * block_size, end * block_size
+        extra_keys = [generate_block_hash_extra_keys(request, b, b + block_size, 0)[0]
+                      for b in range(start, stop, block_size)]  # fmt: skip
+        extra_keys[0] = _salted(request, start, extra_keys[0])
+        root = kv_cache_utils.NONE_HASH
+
+        def compute() -> list[BlockHash]:
+            hashes, parent = [], root
+            for b, keys in zip(range(start, stop, block_size), extra_keys):
+                parent = hash_block_tokens(hash_fn, parent, request.all_token_ids[b : b + block_size], keys)
+                hashes.append(parent)
+            return hashes
+
+        content = array("q", request.all_token_ids[start:stop]).tobytes()
+        return span_runs.hashes((root, content, tuple(extra_keys)), compute)
 
     def hash_new_full_blocks(request: Request) -> list[BlockHash]:
         if request.mm_features:
@@ -82,30 +145,37 @@ def make_pic_block_hasher(
         if state is None:
             state = _ChainState()
             patch_instance(CHAIN_STATE, request, state)
-        start = len(request.block_hashes) * block_size
-        parent = request.block_hashes[-1] if request.block_hashes else None
+        done, full = len(request.block_hashes), request.num_tokens // block_size
         new_hashes: list[BlockHash] = []
-        num_tokens, num_prompt_tokens = request.num_tokens, request.num_prompt_tokens
-        while start + block_size <= num_tokens:
-            end = start + block_size
-            tokens = request.all_token_ids[start:end]
-            extra_keys, _ = generate_block_hash_extra_keys(request, start, end, 0)
-            kind = kinds.get(tokens[0], BlockKind.PLAIN) if start < num_prompt_tokens else BlockKind.PLAIN
+        for first, kind, end in _segments(request, done, full, block_size, kinds):
             state.in_span = in_span(kind, state.in_span)
             if opens_span(kind):
-                block_hash = hash_block_tokens(
-                    hash_fn, kv_cache_utils.NONE_HASH, tokens, _salted(request, start, extra_keys)
-                )
+                hashes = span(request, first, end)
             elif state.in_span:
-                block_hash = hash_block_tokens(hash_fn, parent, tokens, extra_keys)
+                hashes = chain(request, (new_hashes or request.block_hashes)[-1], first, end)
             else:
-                block_hash = hash_block_tokens(hash_fn, state.prefix_through_spans(hash_fn), tokens, extra_keys)
-                state.prefix_hash = block_hash
+                hashes = chain(request, state.prefix_through_spans(hash_fn), first, end)
+                state.prefix_hash = hashes[-1]
             if state.in_span:
-                state.span_hashes.append(block_hash)
-            new_hashes.append(block_hash)
-            parent = block_hash
-            start = end
+                state.span_hashes.extend(hashes)
+            new_hashes.extend(hashes)
         return new_hashes
 
     return hash_new_full_blocks
+
+
+def _segments(
+    request: Request, done: int, full: int, block_size: int, kinds: dict[int, BlockKind]
+) -> list[tuple[int, BlockKind, int]]:
+    """Blocks ``done`` to ``full`` as ``(first block, kind, end block)`` runs in which every
+    block has the first one's spanning state: a run starts at each marker block (only prompt
+    tokens are markers), and the blocks before the first marker continue as plain blocks."""
+    if full <= done:
+        return []
+    prompt_blocks = min(full, -(-request.num_prompt_tokens // block_size))
+    first_tokens: Sequence[int] = request.all_token_ids[done * block_size : prompt_blocks * block_size : block_size]
+    runs = [(done + first, kind, done + end) for first, kind, end in marker_runs(first_tokens, kinds)]
+    if runs:
+        runs[-1] = (runs[-1][0], runs[-1][1], full)  # generated blocks continue the last run
+    head_end = runs[0][0] if runs else full
+    return ([(done, BlockKind.PLAIN, head_end)] if head_end > done else []) + runs
