@@ -1117,6 +1117,15 @@ def test_the_per_token_work_section_matches_its_results() -> None:
         assert phrase in text, phrase
 
 
+def test_the_kept_span_hashes_match_their_results() -> None:
+    """docs/design.md's hasher figures at 32 documents: spans hashed before, never, and vLLM's own."""
+    row = _result("request-overhead-cpu-272d234.json")["rows"][-1]
+    assert row["k"] == 32
+    text = " ".join((ROOT / "docs/design.md").read_text().split())
+    assert (f"({row['hasher_minipic_ms']:.1f} ms against {row['hasher_minipic_new_spans_ms']:.1f} at 32 documents "
+            f"on the CPU machine, and vLLM's own hasher {row['hasher_vllm_ms']:.1f} over the plain prompt") in text
+
+
 def test_the_sdk_figure2_check_matches_its_results() -> None:
     """The per-token section's CPU Figure 2 with the SDK's columns, as `tables.py served` prints it."""
     doc = (ROOT / "docs/benchmarks.md").read_text()
