@@ -28,7 +28,8 @@ def test_metrics_are_read_summed_over_their_labels() -> None:
         latency.labels("m").observe(seconds)
     values = read_metrics(generate_latest(registry).decode())
     assert values == {"running": 0.0, "waiting": 7.0, "prompt_tokens": 1234.0, "cached_prompt_tokens": 0.0,
-                      "generated_tokens": 0.0, "server_s": 1.75, "queued_s": 0.0, "inference_s": 0.0}  # fmt: skip
+                      "generated_tokens": 0.0, "server_s": 1.75, "queued_s": 0.0, "inference_s": 0.0,
+                      "first_token_s": 0.0, "prefill_s": 0.0}  # fmt: skip
 
 
 @pytest.mark.server
