@@ -5,6 +5,7 @@
     python benchmarks/tables.py concurrency benchmarks/results/client-concurrency-cpu.json
     python benchmarks/tables.py load benchmarks/results/load-h200-7139fcd.json
     python benchmarks/tables.py overhead benchmarks/results/request-overhead-cpu-619ca64.json
+    python benchmarks/tables.py ttft benchmarks/results/cached-ttft-cpu-10ddac4.json
 """
 
 from __future__ import annotations
@@ -254,8 +255,34 @@ def overhead(data: dict) -> Iterator[str]:
         yield (_row(r["k"], f"{r['plain_tokens']:,} / {r['pic_tokens']:,}", *(f"{r[f'{s}_ms']:.2f}" for s in stages)))
 
 
+def ttft(data: dict) -> Iterator[str]:
+    """benchmarks/cached_ttft.py: per number of cached documents, the client's TTFT and the
+    server's stages (means of vLLM's request-time histograms), milliseconds; then, where the
+    GPU was profiled, each k's engine steps and costliest kernels."""
+    yield _row("k documents", "prompt tokens (cached)", "client TTFT (ms)", "API arrival to first token (ms)",
+               "queued (ms)", "scheduled to first token (ms)")  # fmt: skip
+    yield _row(*["---"] * 6)
+    for r in data["rows"]:
+        yield _row(r["docs"], f"{r['prompt_tokens']:,} ({r['cached_tokens']:,})", f"{r['ttft_median_s'] * 1e3:.1f}",
+                   f"{r['server_first_token_s'] * 1e3:.1f}", f"{r['server_queued_s'] * 1e3:.2f}",
+                   f"{r['server_prefill_s'] * 1e3:.1f}")  # fmt: skip
+    for r in data["rows"]:
+        if "gpu_profile" not in r:
+            continue
+        steps = r["gpu_profile"]["engine_steps"]
+        yield ""
+        yield (f"{r['docs']} documents: {steps['gpu_us'] / 1e3:,.1f} ms of GPU time in {steps['steps']} engine steps "
+               f"({steps['gpu_us'] / 1e3 / max(1, steps['prefill_steps']):.2f} ms a step with prompt tokens)")
+        yield _row("operator", "self GPU (us) a step", "calls a step")
+        yield _row("---", "---", "---")
+        for op in r["gpu_profile"]["ops"][:12]:
+            yield _row(f"`{op['name'][:70]}`", f"{op['self_us'] / max(1, steps['steps']):,.1f}",
+                       f"{op['calls'] / max(1, steps['steps']):.1f}")  # fmt: skip
+
+
 # The printers by kind: each yields the lines (or blocks of lines) of its Markdown tables.
-TABLES = {"served": served, "attention": attention, "concurrency": concurrency, "load": load, "overhead": overhead}
+TABLES = {"served": served, "attention": attention, "concurrency": concurrency, "load": load, "overhead": overhead,
+          "ttft": ttft}  # fmt: skip
 
 
 def main() -> None:

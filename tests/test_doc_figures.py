@@ -1117,6 +1117,40 @@ def test_the_per_token_work_section_matches_its_results() -> None:
         assert phrase in text, phrase
 
 
+def test_the_cached_request_stages_match_their_results() -> None:
+    """The CPU section on where a cached request's time grows: the stage table as `tables.py ttft`
+    prints it, and the py-spy and hasher figures it quotes."""
+    doc = (ROOT / "docs/benchmarks.md").read_text()
+    start = doc.index("## Latest: where a cached request's time grows with its length")
+    section = doc[start : doc.index("\n## ", start + 1)]
+    data = _result("cached-ttft-cpu-10ddac4.json")
+    assert "\n".join(tables.ttft(data)) in section
+    one, many = data["rows"]
+    assert (one["docs"], many["docs"]) == (1, 32)
+
+    def per_request(name: str, engine: bool) -> str:
+        (ms,) = {v for p, rows in many["stack_ms_per_request"].items() for n, v in rows
+                 if n == name and p.startswith("VLLM::EngineCore") == engine}  # fmt: skip
+        return f"{ms:.1f}"
+
+    growth = (many["ttft_median_s"] - many["server_prefill_s"]) - (one["ttft_median_s"] - one["server_prefill_s"])
+    hasher = _result("request-overhead-cpu-272d234.json")["rows"][-1]
+    text = " ".join(section.split())
+    quoted = (
+        f"32 documents add {growth * 1e3:.1f} ms", f"a profiled TTFT of {many['profiled_ttft_median_s'] * 1e3:.0f} ms",
+        f"{per_request('loads', False)} ms parsing the body's JSON, {per_request('validate_python', False)} ms in "
+        f"pydantic's validation of it and {per_request('validate_token_ids', False)} ms checking the token ids",
+        f"(`find_longest_cache_hit`) takes {per_request('find_longest_cache_hit', True)} ms; MiniPIC's hasher "
+        f"{per_request('hash_new_full_blocks', True)} ms, its block records {per_request('records', True)} ms and "
+        f"its metrics pass (`account`) {per_request('account', False)} ms",
+        f"{hasher['hasher_minipic_ms']:.1f} ms where spans were hashed before, "
+        f"{hasher['hasher_minipic_new_spans_ms']:.1f} ms for new ones",
+        f"vLLM's own hasher {hasher['hasher_vllm_ms']:.1f} ms over the plain prompt",
+    )  # fmt: skip
+    for phrase in quoted:
+        assert phrase in text, phrase
+
+
 def test_the_kept_span_hashes_match_their_results() -> None:
     """docs/design.md's hasher figures at 32 documents: spans hashed before, never, and vLLM's own."""
     row = _result("request-overhead-cpu-272d234.json")["rows"][-1]
