@@ -81,7 +81,7 @@ class _SpanRuns:
     """Block hashes of spans by content: a span's tokens, its blocks' extra keys and the
     root it hashes from name its hashes exactly (a dict compares keys in full, so no
     collision can return another span's hashes). Least recently used spans go first once
-    more than ``capacity`` blocks are kept (~100 bytes a block)."""
+    more than ``capacity`` blocks are kept (about 220 bytes a block: 14 MB for 65,536)."""
 
     def __init__(self, capacity: int) -> None:
         self._runs: OrderedDict[tuple[Any, ...], list[BlockHash]] = OrderedDict()
