@@ -21,8 +21,8 @@ by the rule of `minipic_protocol.blocks`:
 A span's block hashes depend only on the span's own tokens (and the request's
 extra keys), so a span seen before is not hashed again: `_SpanRuns` keeps them by
 content, and a prompt over k cached documents costs a lookup per document, not a
-hash per block. A block never hashes over less context than its attention window. Generated
-tokens never act as markers (the markers are also banned from sampling).
+hash per block. A block never hashes over less context than its attention window.
+Generated tokens never act as markers (the markers are also banned from sampling).
 Multimodal requests are refused: their extra keys would need vLLM's own
 bookkeeping of which images a block overlaps.
 """
@@ -88,9 +88,8 @@ class _SpanRuns:
         self._blocks = 0
         self._capacity = capacity
 
-    def hashes(
-        self, key: tuple[Any, ...], compute: Callable[[], list[BlockHash]]
-    ) -> list[BlockHash]:
+    def hashes(self, key: tuple[Any, ...], compute: Callable[[], list[BlockHash]]) -> list[BlockHash]:
+        """The hashes kept under ``key``, else ``compute()``'s, kept."""
         runs = self._runs
         if key in runs:
             runs.move_to_end(key)
