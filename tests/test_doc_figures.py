@@ -1093,12 +1093,22 @@ def _overhead_figures() -> dict[str, str]:
     }  # fmt: skip
 
 
-def test_the_per_token_work_section_matches_its_results() -> None:
+def _benchmarks_section(heading: str) -> str:
+    """The docs/benchmarks.md section under the level-2 heading starting with ``heading``."""
     doc = (ROOT / "docs/benchmarks.md").read_text()
-    start = doc.index("## Latest: per-token work over cached tokens")
-    section = doc[start : doc.index("\n## ", start + 1)]
-    assert "\n".join(tables.overhead(_result("request-overhead-cpu-619ca64.json"))) in section
+    start = doc.index(f"## {heading}")
+    return doc[start : doc.index("\n## ", start + 1)]
+
+
+def _assert_quoted(section: str, phrases: Iterable[str]) -> None:
     text = " ".join(section.split())
+    for phrase in phrases:
+        assert phrase in text, phrase
+
+
+def test_the_per_token_work_section_matches_its_results() -> None:
+    section = _benchmarks_section("Latest: per-token work over cached tokens")
+    assert "\n".join(tables.overhead(_result("request-overhead-cpu-619ca64.json"))) in section
     figures = _overhead_figures()
     quoted = (
         f"all of them when the first token arrives: {figures['DETOK_VLLM']} ms at 32 documents",
@@ -1113,16 +1123,13 @@ def test_the_per_token_work_section_matches_its_results() -> None:
         f"the new code {figures['TTFT_NEW']} s",
         f"builds its request body in {figures['BODY_SDK']} ms where httpx's `json=` takes {figures['BODY_HTTPX']}",
     )  # fmt: skip
-    for phrase in quoted:
-        assert phrase in text, phrase
+    _assert_quoted(section, quoted)
 
 
 def test_the_cached_request_stages_match_their_results() -> None:
     """The CPU section on where a cached request's time grows: the stage table as `tables.py ttft`
     prints it, and the py-spy and hasher figures it quotes."""
-    doc = (ROOT / "docs/benchmarks.md").read_text()
-    start = doc.index("## Latest: where a cached request's time grows with its length")
-    section = doc[start : doc.index("\n## ", start + 1)]
+    section = _benchmarks_section("Latest: where a cached request's time grows with its length")
     data = _result("cached-ttft-cpu-10ddac4.json")
     assert "\n".join(tables.ttft(data)) in section
     one, many = data["rows"]
@@ -1135,7 +1142,6 @@ def test_the_cached_request_stages_match_their_results() -> None:
 
     growth = (many["ttft_median_s"] - many["server_prefill_s"]) - (one["ttft_median_s"] - one["server_prefill_s"])
     hasher = _result("request-overhead-cpu-272d234.json")["rows"][-1]
-    text = " ".join(section.split())
     quoted = (
         f"32 documents add {growth * 1e3:.1f} ms", f"a profiled TTFT of {many['profiled_ttft_median_s'] * 1e3:.0f} ms",
         f"{per_request('loads', False)} ms parsing the body's JSON, {per_request('validate_python', False)} ms in "
@@ -1147,8 +1153,7 @@ def test_the_cached_request_stages_match_their_results() -> None:
         f"{hasher['hasher_minipic_new_spans_ms']:.1f} ms for new ones",
         f"vLLM's own hasher {hasher['hasher_vllm_ms']:.1f} ms over the plain prompt",
     )  # fmt: skip
-    for phrase in quoted:
-        assert phrase in text, phrase
+    _assert_quoted(section, quoted)
 
 
 def test_the_kept_span_hashes_match_their_results() -> None:
