@@ -14,8 +14,8 @@ tokens) again and again, one at a time:
   rest of the client's TTFT is HTTP and JSON;
 * for ``--profile-seconds`` under py-spy (the API server and the engine core; ``--no-profile``:
   not), the milliseconds of samples per request in which each function was on the stack;
-* with ``--gpu-profile``, ``--gpu-profile-steps`` of them under vLLM's torch profiler: each
-  engine step's GPU time and the kernels taking it.
+* with ``--gpu-profile``, ``--gpu-profile-steps`` of them under vLLM's torch profiler: its
+  operator table (`gpu_profile.read_table`), which ``tables.py ttft`` prints per engine step.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_profile  # noqa: E402
-from engine_timeline import read_metrics  # noqa: E402
+from engine_timeline import fetch_metrics  # noqa: E402
 from served import (  # noqa: E402
     PYSPY_RATE,
     SERVERS,
@@ -78,18 +78,12 @@ def ms_per_request(samples: dict[str, Counter[str]], requests: int, top: int) ->
             for process, counts in samples.items()}  # fmt: skip
 
 
-async def _metrics(http: httpx.AsyncClient) -> dict[str, float]:
-    response = await http.get("/metrics")
-    response.raise_for_status()
-    return read_metrics(response.text)
-
-
 async def stages(http: httpx.AsyncClient, model: str, token_ids: list[int], requests: int) -> dict:
     """TTFTs of ``requests`` sent one at a time, and the server's mean stage times per request."""
-    before = await _metrics(http)
+    before = await fetch_metrics(http)
     ttfts = [(await first_token_s(http, model, token_ids))[0] for _ in range(requests)]
     await asyncio.sleep(0.5)  # the last request's histograms
-    after = await _metrics(http)
+    after = await fetch_metrics(http)
     mean = {f"server_{field}": (after[field] - before[field]) / requests for field in _STAGES}
     return {"ttft_median_s": statistics.median(ttfts), "ttft_quartiles_s": statistics.quantiles(ttfts, n=4), **mean}
 
@@ -124,9 +118,7 @@ async def measure_k(url: str, args: argparse.Namespace, docs: list[str], process
             await gpu_profile.start(url)
             for _ in range(args.gpu_profile_steps):
                 await first_token_s(http, model, token_ids)
-            table = await gpu_profile.stop_and_read(url, profile_dir(SERVERS["pic-256"], args))
-            row["gpu_profile"] = {"engine_steps": gpu_profile.engine_steps(table),
-                                  "ops": [op for op in table["ops"] if not gpu_profile.is_step(op)][: args.top]}
+            row["gpu_profile"] = await gpu_profile.stop_and_read(url, profile_dir(SERVERS["pic-256"], args))
     return row
 
 

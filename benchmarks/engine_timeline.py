@@ -50,6 +50,13 @@ def read_metrics(text: str) -> dict[str, float]:
     return values
 
 
+async def fetch_metrics(http: httpx.AsyncClient) -> dict[str, float]:
+    """The fields of `METRICS` from the server ``http`` is bound to, now."""
+    response = await http.get("/metrics")
+    response.raise_for_status()
+    return read_metrics(response.text)
+
+
 class Sampler:
     """Samples a server's metrics every `interval_s` in the background, between `start` and `stop`."""
 
@@ -60,9 +67,7 @@ class Sampler:
         self._samples: list[dict[str, float]] = []
 
     async def _sample(self) -> None:
-        response = await self._http.get("/metrics")
-        response.raise_for_status()
-        self._samples.append({"t_s": time.perf_counter(), **read_metrics(response.text)})
+        self._samples.append({"t_s": time.perf_counter(), **await fetch_metrics(self._http)})
 
     async def _run(self) -> None:
         while True:

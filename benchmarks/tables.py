@@ -269,15 +269,17 @@ def ttft(data: dict) -> Iterator[str]:
     for r in data["rows"]:
         if "gpu_profile" not in r:
             continue
-        steps = r["gpu_profile"]["engine_steps"]
+        table = r["gpu_profile"]
+        steps = engine_steps(table)
+        per_step = max(1, steps["steps"])
         yield ""
-        yield (f"{r['docs']} documents: {steps['gpu_us'] / 1e3:,.1f} ms of GPU time in {steps['steps']} engine steps "
-               f"({steps['gpu_us'] / 1e3 / max(1, steps['prefill_steps']):.2f} ms a step with prompt tokens)")
-        yield _row("operator", "self GPU (us) a step", "calls a step")
+        yield (f"{r['docs']} documents: {steps['gpu_us'] / 1e3:,.1f} ms of {table['device']} time in {steps['steps']} "
+               f"engine steps, {steps['prefill_steps_gpu_us'] / 1e3 / max(1, steps['prefill_steps']):.2f} ms a step "
+               "that computed prompt tokens")  # fmt: skip
+        yield _row("operator", f"self {table['device']} (us) a step", "calls a step")
         yield _row("---", "---", "---")
-        for op in r["gpu_profile"]["ops"][:12]:
-            yield _row(f"`{op['name'][:70]}`", f"{op['self_us'] / max(1, steps['steps']):,.1f}",
-                       f"{op['calls'] / max(1, steps['steps']):.1f}")  # fmt: skip
+        for op in [op for op in table["ops"] if not is_step(op)][:12]:
+            yield _row(f"`{op['name']}`", f"{op['self_us'] / per_step:,.1f}", f"{op['calls'] / per_step:.1f}")
 
 
 # The printers by kind: each yields the lines (or blocks of lines) of its Markdown tables.
