@@ -47,8 +47,9 @@ class FakeServer:
     before an answer), ``"break"`` (a stream that dies after its first chunk),
     ``"abort"`` (a stream whose second event is vLLM's error event, code 500), ``"cut"``
     (a stream closed cleanly after its first chunk, without ``[DONE]``), ``"shutdown"`` and
-    ``"shutdown-midway"`` (vLLM shutting down: the request ends with finish reason ``abort``
-    before its first token or after it, then ``[DONE]``; a prefill's choices say ``abort``).
+    ``"shutdown-midway"`` (vLLM shutting down: before its first token the stream holds only
+    the usage event and ``[DONE]``, as vLLM drops that empty ``abort``; after it, a choice
+    with finish reason ``abort``; a prefill's choices say ``abort``).
     While `down` is set, every request fails to connect (a stopped replica). `gapped_hits`:
     look past a miss as `minipic serve` does (default: vLLM's leading run, the cache most
     scheduling tests were written against).
@@ -169,9 +170,11 @@ class FakeServer:
         events.append({"choices": [], "usage": usage})
         if fault == "abort":
             events[1:] = [{"error": {"message": "EngineCore encountered an issue (injected)", "code": 500}}]
-        elif fault in ("shutdown", "shutdown-midway"):
+        elif fault == "shutdown":  # vLLM drops an abort that comes before any token
+            events = [{"choices": [], "usage": usage}]
+        elif fault == "shutdown-midway":
             aborted = {"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]}
-            events[fault == "shutdown-midway":] = [aborted, {"choices": [], "usage": usage}]
+            events[1:] = [aborted, {"choices": [], "usage": usage}]
         chunks = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
         return httpx.Response(
             200,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 
@@ -129,6 +130,38 @@ async def test_an_error_event_inside_a_stream_is_raised():
     with pytest.raises(RequestError, match="generation failed"):
         async for _ in conn.stream("/v1/completions", {}):
             pass
+
+
+def sse(*events: dict) -> bytes:
+    return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+
+
+USAGE = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}
+TOKEN = {"choices": [{"index": 0, "text": "a", "token_ids": [7], "finish_reason": None}]}
+FINISHED = {"choices": [{"index": 0, "text": "a", "token_ids": [7], "finish_reason": "length"}]}
+
+
+async def test_a_stream_stopped_before_its_first_token_is_sent_again():
+    """vLLM drops the ``abort`` of a request stopped before its first token: what comes is only
+    the usage and ``[DONE]``. That is no answer, so it is sent again like a dropped connection."""
+    bodies = [sse(USAGE), sse(FINISHED, USAGE)]
+    conn = connection(lambda request: httpx.Response(200, headers=SSE, content=bodies.pop(0)))
+    assert [e async for e in conn.stream("/v1/completions", {})] == [FINISHED, USAGE] and not bodies
+
+
+async def test_a_stream_whose_answer_never_finished_is_interrupted_not_short():
+    conn = connection(lambda request: httpx.Response(200, headers=SSE, content=sse(TOKEN, USAGE)))
+    with pytest.raises(StreamInterruptedError, match="ended before its answer finished"):
+        async for _ in conn.stream("/v1/completions", {}):
+            pass
+
+
+async def test_a_stream_that_only_ever_stops_fails_with_one_line():
+    conn = connection(lambda request: httpx.Response(200, headers=SSE, content=sse(USAGE)))
+    with pytest.raises(TransportError, match="ended before its answer finished") as failed:
+        async for _ in conn.stream("/v1/completions", {}):
+            pass
+    assert "\n" not in str(failed.value)
 
 
 @pytest.mark.parametrize(

@@ -602,7 +602,7 @@ class SpanClient:
         those no one has sent, which its final computes), then its final prompt streamed
         into `completion`, yielding text deltas, where placement
         routes them; a cached shortfall makes the client check whether that replica
-        restarted. A replica that fails sits out and, until the first delta, the job
+        restarted. A replica that fails sits out and, until its first token, the job
         is routed again among the others."""
         deadline = time.monotonic() + self._retry.total_s
         headers = self._headers(job)
@@ -638,7 +638,7 @@ class SpanClient:
                 if len(self._replicas) == 1:
                     raise
                 replica.sit_out(exc, self._failover_s)
-                if completion.text:  # deltas went out: `_complete` sends it again, `rag_stream` cannot
+                if completion.first_token_at is not None:  # `_complete` sends it again, `rag_stream` cannot
                     if isinstance(exc, StreamInterruptedError):
                         raise
                     raise StreamInterruptedError(f"{replica.name} failed mid-answer: {exc}") from exc

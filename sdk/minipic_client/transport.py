@@ -269,12 +269,22 @@ def _os_reason(exc: BaseException) -> str | None:
 
 async def _events(response: httpx.Response, what: str, origin: str) -> AsyncGenerator[dict[str, Any], None]:
     """vLLM's server-sent events as JSON objects, up to ``data: [DONE]``; an error
-    event is raised as the error it reports, and a stream that ends without ``[DONE]``
-    (a server killed mid-answer can close it cleanly) as a `TransportError`, never as a
-    shorter answer."""
+    event is raised as the error it reports. A stream that ends without ``[DONE]`` (a
+    server killed mid-answer can close it cleanly) or before every choice finished is a
+    `TransportError`, never a shorter answer: vLLM drops the ``abort`` of a request stopped
+    before its first token, leaving only the usage event and ``[DONE]``. Events without
+    choices (the usage) are held until ``[DONE]`` shows the answer complete, so such a
+    stream fails before its first event and is simply sent again."""
+    seen: set[int] = set()
+    finished: set[int] = set()
+    held: list[dict[str, Any]] = []
     with _httpx_errors(what, origin):
         async for sse in EventSource(response).aiter_sse():
             if sse.data == "[DONE]":
+                if not seen or seen - finished:
+                    raise TransportError(f"{what}: the stream ended before its answer finished (request stopped?)")
+                for event in held:
+                    yield event
                 return
             try:
                 event = json.loads(sse.data)
@@ -284,6 +294,14 @@ async def _events(response: httpx.Response, what: str, origin: str) -> AsyncGene
             if error is not None:
                 raise _api_error(error.get("code") or 500, _message(event))
             _raise_if_aborted(event, what)
+            choices = [c for c in event.get("choices") or () if isinstance(c, dict)]
+            if not choices:
+                held.append(event)
+                continue
+            for choice in choices:
+                seen.add(choice.get("index", 0))
+                if choice.get("finish_reason"):
+                    finished.add(choice.get("index", 0))
             yield event
     raise TransportError(f"{what}: stream ended without [DONE]")
 
