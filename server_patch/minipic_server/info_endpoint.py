@@ -2,7 +2,8 @@
 (`minipic_protocol.ServerInfo`, the schema the client reads).
 
 A ``vllm.endpoint_plugins`` entry point; vLLM loads it only when it is named in
-``VLLM_PLUGINS`` (``minipic serve`` does that).
+``VLLM_PLUGINS`` (``minipic serve`` does that). It also puts `completions_route` in front of
+vLLM's completion route, active where this info is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from minipic_protocol import ServerInfo
-from minipic_server import __version__
+from minipic_server import __version__, completions_route
 from minipic_server.boundary import vllm_version
 from minipic_server.config import pic_config_of
 
@@ -57,7 +58,7 @@ class InfoEndpointPlugin:
 
         @router.get("/minipic/info")
         async def minipic_info(request: Request) -> JSONResponse:
-            info = getattr(request.app.state, "minipic_info", None)
+            info = _info(request)
             if info is None:
                 return JSONResponse(
                     status_code=404,
@@ -66,6 +67,7 @@ class InfoEndpointPlugin:
             return JSONResponse(info)
 
         app.include_router(router)
+        completions_route.attach(app, active=lambda request: _info(request) is not None)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         vllm_config = state.vllm_config
@@ -74,3 +76,8 @@ class InfoEndpointPlugin:
         names = getattr(args, "served_model_name", None) or [vllm_config.model_config.model]
         # A fresh id per server start tells clients that their span prefills are gone.
         state.minipic_info = server_info(vllm_config, names[0], uuid.uuid4().hex).to_json()
+
+
+def _info(request: Request) -> dict[str, Any] | None:
+    """The server's info, set once MiniPIC is active on the request's app."""
+    return getattr(request.app.state, "minipic_info", None)

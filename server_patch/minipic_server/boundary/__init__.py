@@ -77,6 +77,8 @@ VLLM_NAMES: dict[str, tuple[str, str | None]] = {
     "ServeSubcommand": ("vllm.entrypoints.cli.serve", "ServeSubcommand"),
     "FlexibleArgumentParser": ("vllm.utils.argparse_utils", "FlexibleArgumentParser"),
     "cli_env_setup": ("vllm.entrypoints.serve.utils.api_utils", "cli_env_setup"),
+    "create_completion": ("vllm.entrypoints.openai.completion.api_router", "create_completion"),
+    "CompletionRequest": ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
 }
 
 

@@ -93,6 +93,11 @@ COMMON: tuple[Intervention, ...] = (
     use(f"{ONLINE}:OnlineRenderer.create_error_response",
         "require_cache_salt: vLLM's own 400 answer", keywords=("param",)),
     use("vllm.renderers.base:BaseRenderer.config", "require_cache_salt: the engine's configuration"),
+    use("vllm.entrypoints.openai.completion.api_router:create_completion",
+        "the completions route: vLLM's own handler, given the request its route would have parsed",
+        ("request", "raw_request")),
+    use("vllm.entrypoints.openai.completion.protocol:CompletionRequest.prompt",
+        "the completions route checks a token-id prompt itself and validates the other fields with the model"),
     *(use(f"vllm.entrypoints.openai.{kind}.protocol:{name}.cache_salt", "require_cache_salt: the request's salt")
       for kind, name in (("completion", "CompletionRequest"), ("chat_completion", "ChatCompletionRequest"),
                          ("responses", "ResponsesRequest"))),
