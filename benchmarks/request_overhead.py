@@ -6,6 +6,9 @@ times, on this machine's CPU, the stages MiniPIC runs or can change, with vLLM's
 objects on the Figure 2 prompts (the SDK's layout, Block-Attention, of the same documents):
 
 - ``json_ids``: parsing the request's token ids from JSON (every server pays it; context);
+- ``route_vllm`` / ``route_minipic``: the completion body turned into vLLM's ``CompletionRequest``
+  as vLLM's route does it (the standard library's JSON, then pydantic over every field and token id)
+  and as MiniPIC's does it (`minipic_server.completions_route`);
 - ``body_httpx`` / ``body_sdk``: the client building the request, with httpx's ``json=``
   (the standard library's encoder) and as the SDK's transport builds it (msgspec);
 - ``detokenizer_vllm`` / ``detokenizer_tail``: vLLM's incremental detokenizer built and
@@ -37,6 +40,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.sampling_params import SamplingParams
 from vllm.tokenizers import get_tokenizer
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -51,6 +55,7 @@ from minipic_client.tokens import TokenCache
 from minipic_client.transport import _json_request as json_request
 from minipic_server import detokenizer_priming
 from minipic_server.block_plan import BlockPlanner, StepRecords
+from minipic_server.completions_route import token_prompt_request
 from minipic_server.config import PicConfig
 from minipic_server.hashing import make_pic_block_hasher
 from minipic_server.markers import load_tokenizer, pick_marker_ids
@@ -154,6 +159,8 @@ def main() -> None:
                      == first_token_text(TailPrimed, vllm_tokenizer, list(laid_out), token))  # fmt: skip
         timed = {
             "json_ids": lambda: json.loads(body),
+            "route_vllm": lambda: CompletionRequest.model_validate(json.loads(body)),
+            "route_minipic": lambda: token_prompt_request(body.encode(), CompletionRequest),
             "body_httpx": lambda: httpx.Request("POST", URL, json=request_body),
             "body_sdk": lambda: httpx.Request("POST", URL, **json_request(request_body, None)),
             "detokenizer_vllm": lambda: first_token_text(FastIncrementalDetokenizer, vllm_tokenizer,

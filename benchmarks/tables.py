@@ -243,16 +243,24 @@ def load(data: dict) -> Iterator[str]:
                     f"{r['computed_prompt_tokens_per_sample']:,.0f}"))  # fmt: skip
 
 
+# request_overhead.py's stages, in the order of a request, and their column headers.
+OVERHEAD_STAGES = {
+    "body_httpx": "client body, httpx json=", "body_sdk": "client body, SDK", "json_ids": "server: JSON ids",
+    "route_vllm": "server: body to request, vLLM's route", "route_minipic": "server: body to request, MiniPIC's route",
+    "detokenizer_vllm": "detokenizer, vLLM's priming", "detokenizer_tail": "detokenizer, tail priming",
+    "hasher_vllm": "vLLM's hasher (plain)", "hasher_minipic": "MiniPIC's hasher (PIC)",
+    "account": "MiniPIC's account", "block_records": "MiniPIC's block records",
+}
+
+
 def overhead(data: dict) -> Iterator[str]:
-    """benchmarks/request_overhead.py: one row per number of cached documents, milliseconds per request."""
-    stages = ("body_httpx", "body_sdk", "json_ids", "detokenizer_vllm", "detokenizer_tail", "hasher_vllm",
-              "hasher_minipic", "account", "block_records")  # fmt: skip
-    yield (_row("k documents", "prompt tokens (plain / PIC)", "client body, httpx json=", "client body, SDK",
-                "server: JSON ids", "detokenizer, vLLM's priming", "detokenizer, tail priming",
-                "vLLM's hasher (plain)", "MiniPIC's hasher (PIC)", "MiniPIC's account", "MiniPIC's block records"))
-    yield (_row(*["---"] * (2 + len(stages))))
+    """benchmarks/request_overhead.py: one row per number of cached documents, milliseconds per request
+    (the stages the file has: older runs lack the route columns)."""
+    stages = [s for s in OVERHEAD_STAGES if f"{s}_ms" in data["rows"][0]]
+    yield _row("k documents", "prompt tokens (plain / PIC)", *(OVERHEAD_STAGES[s] for s in stages))
+    yield _row(*["---"] * (2 + len(stages)))
     for r in data["rows"]:
-        yield (_row(r["k"], f"{r['plain_tokens']:,} / {r['pic_tokens']:,}", *(f"{r[f'{s}_ms']:.2f}" for s in stages)))
+        yield _row(r["k"], f"{r['plain_tokens']:,} / {r['pic_tokens']:,}", *(f"{r[f'{s}_ms']:.2f}" for s in stages))
 
 
 def ttft(data: dict) -> Iterator[str]:
