@@ -1126,6 +1126,33 @@ def test_the_per_token_work_section_matches_its_results() -> None:
     _assert_quoted(section, quoted)
 
 
+def test_the_completions_route_section_matches_its_results() -> None:
+    """The CPU section on MiniPIC's completion route: the stage table as `tables.py overhead`
+    prints it, the parse times it quotes at 32 documents, and the served py-spy figures."""
+    section = _benchmarks_section("Latest: token-id completions parsed without per-token Python work")
+    overhead = _result("request-overhead-cpu-0c1ac84.json")
+    assert "\n".join(tables.overhead(overhead)) in section
+    row = overhead["rows"][-1]
+    assert row["k"] == 32
+
+    def per_request(name: str, file: str, engine: bool = False) -> float:
+        (many,) = (r for r in _result(file)["rows"] if r["docs"] == 32)
+        (ms,) = {v for p, rows in many["stack_ms_per_request"].items() for n, v in rows
+                 if n == name and p.startswith("VLLM::EngineCore") == engine and (engine or "serve" in p)}  # fmt: skip
+        return ms
+
+    now, before = "cached-ttft-cpu-c64ba69.json", "cached-ttft-cpu-10ddac4.json"
+    parse_before = per_request("loads", before) + per_request("validate_python", before)
+    quoted = (
+        f"the body becomes a request in {row['route_minipic_ms']:.2f} ms instead of {row['route_vllm_ms']:.2f}",
+        f"vLLM's prefix lookup took {per_request('find_longest_cache_hit', now, True):.1f} ms per request where it "
+        f"took {per_request('find_longest_cache_hit', before, True):.1f}",
+        f"spends {per_request('token_prompt_request', now):.1f} ms per request in MiniPIC's parse",
+        f"which took {parse_before:.1f} ms between them at 10ddac4",
+    )  # fmt: skip
+    _assert_quoted(section, quoted)
+
+
 def test_the_cached_request_stages_match_their_results() -> None:
     """The CPU section on where a cached request's time grows: the stage table as `tables.py ttft`
     prints it, and the py-spy and hasher figures it quotes."""
