@@ -1,9 +1,9 @@
 """``POST /v1/completions`` without per-token Python work for token-id prompts.
 
 FastAPI parses vLLM's completion body with the standard library and validates every prompt
-token as a pydantic field: about 4 ms for a prompt of 40,000 token ids on the 2-core VM,
-paid on the way to the first token of every question over cached documents, however much of
-it is cached. This route shadows vLLM's (an endpoint plugin may, by vLLM's plugin contract)
+token as a pydantic field: 3.5 ms for a prompt of 35,000 token ids on the 2-core VM
+(`benchmarks/request_overhead.py`), paid on the way to the first token of every question
+over cached documents, however much of it is cached. This route shadows vLLM's (an endpoint plugin may, by vLLM's plugin contract)
 and, for the shape the SDK sends, a JSON object whose ``prompt`` is a non-empty list of
 token ids (or of such lists), decodes the body with msgspec, checks the ids in one pass,
 validates every other field with vLLM's own model and hands the request to vLLM's own
