@@ -3,12 +3,13 @@
 FastAPI parses vLLM's completion body with the standard library and validates every prompt
 token as a pydantic field: 3.5 ms for a prompt of 35,000 token ids on the 2-core VM
 (`benchmarks/request_overhead.py`), paid on the way to the first token of every question
-over cached documents, however much of it is cached. This route shadows vLLM's (an endpoint plugin may, by vLLM's plugin contract)
-and, for the shape the SDK sends, a JSON object whose ``prompt`` is a non-empty list of
-token ids (or of such lists), decodes the body with msgspec, checks the ids in one pass,
-validates every other field with vLLM's own model and hands the request to vLLM's own
-handler. Every other body goes to vLLM's route unchanged (its parsing, its errors), and so
-does every request while MiniPIC is not active on the server.
+over cached documents, however much of it is cached. This route shadows vLLM's (an endpoint
+plugin may, by vLLM's plugin contract) and, for the shape the SDK sends, a JSON object whose
+``prompt`` is a non-empty list of token ids (or of such lists), decodes the body with
+msgspec, checks the ids in one pass, validates every other field with vLLM's own model and
+hands the request to vLLM's own handler. Every other body goes to vLLM's route unchanged
+(its parsing, its errors), and so does every request while MiniPIC is not active on the
+server.
 """
 
 from __future__ import annotations
