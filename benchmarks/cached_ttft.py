@@ -140,9 +140,10 @@ def main() -> None:
     passages = json.loads(args.passages.read_text())
     docs = passages_as_docs(passages, AutoTokenizer.from_pretrained(args.tokenizer), 1000, max(args.docs))
     server = SERVERS["pic-256"]
-    flags = gpu_profile.server_flags(profile_dir(server, args), 0, args.gpu_profile_steps) if args.gpu_profile else []
+    flags = []
     if args.gpu_profile:
         profile_dir(server, args).mkdir(parents=True, exist_ok=True)
+        flags = gpu_profile.server_flags(profile_dir(server, args), 0, args.gpu_profile_steps)
     rows = []
     with running(server, args, flags) as (url, process, _log):
         for k in args.docs:

@@ -109,33 +109,32 @@ def make_pic_block_hasher(
     kinds = pic.block_kinds
     span_runs = _SpanRuns(span_blocks_kept)
 
-    def chain(request: Request, parent: BlockHash | None, first: int, end: int) -> list[BlockHash]:
+    def extra_keys_of(request: Request, first: int, end: int) -> list[tuple[Any, ...] | None]:
+        """vLLM's extra keys of blocks ``first`` to ``end`` (exclusive), as vLLM computes them per block."""
+        return [generate_block_hash_extra_keys(request, b, b + block_size, 0)[0]
+                for b in range(first * block_size, end * block_size, block_size)]  # fmt: skip
+
+    def chain(
+        request: Request, parent: BlockHash | None, first: int, end: int, extra_keys: list[tuple[Any, ...] | None]
+    ) -> list[BlockHash]:
         """Blocks ``first`` to ``end`` (exclusive), each on the one before, the first on ``parent``."""
         hashes = []
         tokens = request.all_token_ids
-        for start in range(first * block_size, end * block_size, block_size):
-            extra_keys, _ = generate_block_hash_extra_keys(request, start, start + block_size, 0)
-            parent = hash_block_tokens(hash_fn, parent, tokens[start : start + block_size], extra_keys)
+        for start, keys in zip(range(first * block_size, end * block_size, block_size), extra_keys):
+            parent = hash_block_tokens(hash_fn, parent, tokens[start : start + block_size], keys)
             hashes.append(parent)
         return hashes
 
     def span(request: Request, first: int, end: int) -> list[BlockHash]:
         """A span opening at block ``first``, through block ``end``: from the root, salted."""
         start, stop = first * block_size, end * block_size
-        extra_keys = [generate_block_hash_extra_keys(request, b, b + block_size, 0)[0]
-                      for b in range(start, stop, block_size)]  # fmt: skip
+        extra_keys = extra_keys_of(request, first, end)
         extra_keys[0] = _salted(request, start, extra_keys[0])
         root = kv_cache_utils.NONE_HASH
-
-        def compute() -> list[BlockHash]:
-            hashes, parent = [], root
-            for b, keys in zip(range(start, stop, block_size), extra_keys):
-                parent = hash_block_tokens(hash_fn, parent, request.all_token_ids[b : b + block_size], keys)
-                hashes.append(parent)
-            return hashes
-
         content = array("q", request.all_token_ids[start:stop]).tobytes()
-        return span_runs.hashes((root, content, tuple(extra_keys)), compute)
+        return span_runs.hashes(
+            (root, content, tuple(extra_keys)), lambda: chain(request, root, first, end, extra_keys)
+        )
 
     def hash_new_full_blocks(request: Request) -> list[BlockHash]:
         if request.mm_features:
@@ -150,11 +149,13 @@ def make_pic_block_hasher(
             state.in_span = in_span(kind, state.in_span)
             if opens_span(kind):
                 hashes = span(request, first, end)
-            elif state.in_span:
-                hashes = chain(request, (new_hashes or request.block_hashes)[-1], first, end)
             else:
-                hashes = chain(request, state.prefix_through_spans(hash_fn), first, end)
-                state.prefix_hash = hashes[-1]
+                parent = (
+                    (new_hashes or request.block_hashes)[-1] if state.in_span else state.prefix_through_spans(hash_fn)
+                )
+                hashes = chain(request, parent, first, end, extra_keys_of(request, first, end))
+                if not state.in_span:
+                    state.prefix_hash = hashes[-1]
             if state.in_span:
                 state.span_hashes.extend(hashes)
             new_hashes.extend(hashes)
