@@ -2,11 +2,13 @@
 
     python benchmarks/cached_ttft.py --model MODEL_DIR --tokenizer TOKENIZER_DIR \\
         --passages ../shared/data/2wiki_passages.json --docs 1 32 [--layout block] [--gpu-profile] \\
-        --out benchmarks/results/cached-ttft-cpu.json [--server-arg=...]
+        [--servers pic-256 stock-fa3] --out benchmarks/results/cached-ttft-cpu.json [--server-arg=...]
 
-Starts `minipic serve` once and, for each k of ``--docs``, preloads k documents of ~1,000
-tokens as spans, then sends the same final prompt (all k documents cached, a few new
-tokens) again and again, one at a time:
+Starts each server of ``--servers`` in turn (`minipic serve` by default) and, for each k of
+``--docs``, sends the same prompt over k documents of ~1,000 tokens again and again, one at a
+time, all but its last few tokens cached: on `minipic serve` the final prompt after its
+documents were preloaded as spans; on stock vLLM the plain prompt, cached by the first of
+them (what vLLM's serving path costs a prompt of that length with nothing left to compute):
 
 * ``--timed-requests`` of them unobserved: the TTFT, and from vLLM's request-time histograms
   (``/metrics``) where each request's time went on the server: from the API server's
@@ -37,7 +39,9 @@ from engine_timeline import fetch_metrics  # noqa: E402
 from served import (  # noqa: E402
     PYSPY_RATE,
     SERVERS,
+    Server,
     add_server_arguments,
+    connect,
     first_token_s,
     passages_as_docs,
     profile_dir,
@@ -46,7 +50,7 @@ from served import (  # noqa: E402
 )
 from workload import SYSTEM  # noqa: E402
 
-from minipic_client import RagRequest, SpanClient, Strategy  # noqa: E402
+from minipic_client import RagRequest, Strategy  # noqa: E402
 from minipic_client.client import pooled_transport  # noqa: E402
 from minipic_client.prompt import TECHNIQUES  # noqa: E402
 
@@ -88,24 +92,22 @@ async def stages(http: httpx.AsyncClient, model: str, token_ids: list[int], requ
     return {"ttft_median_s": statistics.median(ttfts), "ttft_quartiles_s": statistics.quantiles(ttfts, n=4), **mean}
 
 
-async def measure_k(url: str, args: argparse.Namespace, docs: list[str], process, out: Path) -> dict:
-    technique = TECHNIQUES[args.layout] if args.layout else None
-    request = RagRequest(task="Which document mentions a river?", docs=docs, system=SYSTEM, max_tokens=1,
-                         technique=technique)  # fmt: skip
-    async with SpanClient(url) as client, httpx.AsyncClient(
+async def measure_k(url: str, server: Server, args: argparse.Namespace, docs: list[str], process) -> dict:
+    request = RagRequest(task="Which document mentions a river?", docs=docs, system=SYSTEM, max_tokens=1)
+    async with connect(url, server, args, [], args.layout) as client, httpx.AsyncClient(
         base_url=url, timeout=600, transport=pooled_transport()
     ) as http:
         model = client.info.model
-        layout = client.rag_layout(request, strategy=Strategy.ISPS)
+        layout = client.rag_layout(request, strategy=Strategy.ISPS if server.pic else Strategy.BASELINE)
         await asyncio.gather(*(first_token_s(http, model, list(p.token_ids)) for p in layout.prefills))
         token_ids = list(layout.token_ids)
         warm = [(await first_token_s(http, model, token_ids))[0] for _ in range(3)]
         _, usage = await first_token_s(http, model, token_ids)
-        row = {"docs": len(docs), "prompt_tokens": usage.get("prompt_tokens"),
+        row = {"server": server.name, "docs": len(docs), "prompt_tokens": usage.get("prompt_tokens"),
                "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                "warm_up_ttft_s": warm, **await stages(http, model, token_ids, args.timed_requests)}  # fmt: skip
         if not args.no_profile:
-            raw = out.with_name(f"{out.stem}-{len(docs)}-docs.pyspy.txt")
+            raw = args.out.with_name(f"{args.out.stem}-{server.name}-{len(docs)}-docs.pyspy.txt")
             profiled_ttfts = []
             with profiled(process, raw, args.profile_seconds, True):
                 deadline = time.perf_counter() + args.profile_seconds
@@ -118,7 +120,7 @@ async def measure_k(url: str, args: argparse.Namespace, docs: list[str], process
             await gpu_profile.start(url)
             for _ in range(args.gpu_profile_steps):
                 await first_token_s(http, model, token_ids)
-            row["gpu_profile"] = await gpu_profile.stop_and_read(url, profile_dir(SERVERS["pic-256"], args))
+            row["gpu_profile"] = await gpu_profile.stop_and_read(url, profile_dir(server, args))
     return row
 
 
@@ -126,6 +128,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_arguments(parser)
     parser.add_argument("--docs", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=["pic-256"],
+                        help="each in turn: stock ones answer the plain prompt from their prefix cache")  # fmt: skip
     parser.add_argument("--layout", choices=list(TECHNIQUES), default=None, help="default: the SDK's default")
     parser.add_argument("--timed-requests", type=int, default=20)
     parser.add_argument("--profile-seconds", type=int, default=20)
@@ -139,16 +143,16 @@ def main() -> None:
 
     passages = json.loads(args.passages.read_text())
     docs = passages_as_docs(passages, AutoTokenizer.from_pretrained(args.tokenizer), 1000, max(args.docs))
-    server = SERVERS["pic-256"]
-    flags = []
-    if args.gpu_profile:
-        profile_dir(server, args).mkdir(parents=True, exist_ok=True)
-        flags = gpu_profile.server_flags(profile_dir(server, args), 0, args.gpu_profile_steps)
     rows = []
-    with running(server, args, flags) as (url, process, _log):
-        for k in args.docs:
-            rows.append(asyncio.run(measure_k(url, args, docs[:k], process, args.out)))
-            print(json.dumps({key: v for key, v in rows[-1].items() if not key.startswith(("stack", "gpu"))}))
+    for server in map(SERVERS.get, args.servers):
+        flags = []
+        if args.gpu_profile:
+            profile_dir(server, args).mkdir(parents=True, exist_ok=True)
+            flags = gpu_profile.server_flags(profile_dir(server, args), 0, args.gpu_profile_steps)
+        with running(server, args, flags) as (url, process, _log):
+            for k in args.docs:
+                rows.append(asyncio.run(measure_k(url, server, args, docs[:k], process)))
+                print(json.dumps({key: v for key, v in rows[-1].items() if not key.startswith(("stack", "gpu"))}))
     args.out.write_text(json.dumps({"provenance": provenance(), "layout": args.layout, "rows": rows}, indent=1) + "\n")
 
 

@@ -266,14 +266,20 @@ def overhead(data: dict) -> Iterator[str]:
 def ttft(data: dict) -> Iterator[str]:
     """benchmarks/cached_ttft.py: per number of cached documents, the client's TTFT and the
     server's stages (means of vLLM's request-time histograms), milliseconds; then, where the
-    GPU was profiled, each k's engine steps and costliest kernels."""
-    yield _row("k documents", "prompt tokens (cached)", "client TTFT (ms)", "API arrival to first token (ms)",
-               "queued (ms)", "scheduled to first token (ms)")  # fmt: skip
-    yield _row(*["---"] * 6)
+    GPU was profiled, each k's engine steps and costliest kernels. Results of several servers
+    (stock's fully cached floor beside MiniPIC) name each row's server."""
+    servers = len({r.get("server") for r in data["rows"]}) > 1
+
+    def label(r: dict) -> list[str]:
+        return [r["server"]] if servers else []
+
+    yield _row(*(["server"] if servers else []), "k documents", "prompt tokens (cached)", "client TTFT (ms)",
+               "API arrival to first token (ms)", "queued (ms)", "scheduled to first token (ms)")  # fmt: skip
+    yield _row(*["---"] * (6 + servers))
     for r in data["rows"]:
-        yield _row(r["docs"], f"{r['prompt_tokens']:,} ({r['cached_tokens']:,})", f"{r['ttft_median_s'] * 1e3:.1f}",
-                   f"{r['server_first_token_s'] * 1e3:.1f}", f"{r['server_queued_s'] * 1e3:.2f}",
-                   f"{r['server_prefill_s'] * 1e3:.1f}")  # fmt: skip
+        yield _row(*label(r), r["docs"], f"{r['prompt_tokens']:,} ({r['cached_tokens']:,})",
+                   f"{r['ttft_median_s'] * 1e3:.1f}", f"{r['server_first_token_s'] * 1e3:.1f}",
+                   f"{r['server_queued_s'] * 1e3:.2f}", f"{r['server_prefill_s'] * 1e3:.1f}")  # fmt: skip
     for r in data["rows"]:
         if "gpu_profile" not in r:
             continue
@@ -281,9 +287,11 @@ def ttft(data: dict) -> Iterator[str]:
         steps = engine_steps(table)
         per_step = max(1, steps["steps"])
         yield ""
-        yield (f"{r['docs']} documents: {steps['gpu_us'] / 1e3:,.1f} ms of {table['device']} time in {steps['steps']} "
-               f"engine steps, {steps['prefill_steps_gpu_us'] / 1e3 / max(1, steps['prefill_steps']):.2f} ms a step "
-               "that computed prompt tokens")  # fmt: skip
+        prefill_step_ms = steps["prefill_steps_gpu_us"] / 1e3 / max(1, steps["prefill_steps"])
+        yield (f"{' '.join([*label(r), str(r['docs'])])} documents: {steps['steps']} engine steps spanning "
+               f"{steps['gpu_us'] / 1e3:,.1f} ms of the {table['device']} timeline (idle gaps included), "
+               f"{prefill_step_ms:.2f} ms a step that computed prompt tokens; self {table['device']} time "
+               f"{table['total_us'] / 1e3 / per_step:.2f} ms a step")  # fmt: skip
         yield _row("operator", f"self {table['device']} (us) a step", "calls a step")
         yield _row("---", "---", "---")
         for op in [op for op in table["ops"] if not is_step(op)][:12]:

@@ -53,10 +53,15 @@ def test_the_cached_ttft_profile_runs(server_pool: ServerPool, tiny_model_dir: P
                                       tmp_path: Path) -> None:  # fmt: skip
     with server_pool.exclusive():
         result = run("cached_ttft.py", "--docs", "1", "2", "--timed-requests", "4", "--no-profile", "--layout", "block",
-                     model=tiny_model_dir, passages=passages, out=tmp_path / "ttft.json")  # fmt: skip
-    one, two = result["rows"]
+                     "--servers", "pic-256", "stock", "--server-arg=--block-size=32",  # vLLM's CPU kernels' size
+                     model=tiny_model_dir, passages=passages,
+                     out=tmp_path / "ttft.json")  # fmt: skip
+    one, two, stock_one, stock_two = result["rows"]
+    assert [r["server"] for r in result["rows"]] == ["pic-256"] * 2 + ["stock"] * 2
     assert (one["docs"], two["docs"]) == (1, 2) and two["prompt_tokens"] > one["prompt_tokens"]
-    for row in (one, two):
+    # Stock answers the plain prompt (no markers or pads) from its prefix cache.
+    assert stock_one["docs"] == 1 and stock_one["prompt_tokens"] < one["prompt_tokens"]
+    for row in result["rows"]:
         assert row["cached_tokens"] > row["prompt_tokens"] // 2
         # The server's stages nest inside the client's TTFT: scheduled -> first token, queued, arrival -> first token.
         assert 0 < row["server_prefill_s"] + row["server_queued_s"] <= row["server_first_token_s"]
