@@ -1398,3 +1398,22 @@ def test_the_h100_cached_request_section_matches_its_results() -> None:
         f"grows from {median('stock_cached_ttft_s', 1):.3f} to {floor:.3f} s here",
     )  # fmt: skip
     _assert_quoted(section, quoted)
+    stock = _result("cached-ttft-h100-stock-938ec37.json")
+    assert "\n".join(tables.ttft(stock)) in section
+    stock_small, stock_large = stock["rows"]
+
+    def api_ms(row: dict, name: str) -> float:
+        (value,) = {v for p, stack in row["stack_ms_per_request"].items() for n, v in stack
+                    if n == name and not p.startswith("VLLM::EngineCore")}  # fmt: skip
+        return value
+
+    _assert_quoted(section, (
+        f"stock's step takes {stock_small['server_prefill_s'] * 1e3:.1f} ms at one document and "
+        f"{stock_large['server_prefill_s'] * 1e3:.1f} at 32, MiniPIC's {small['server_prefill_s'] * 1e3:.1f} and "
+        f"{large['server_prefill_s'] * 1e3:.1f}",
+        f"spends {api_ms(stock_large, 'decode_next'):.1f} ms per request (under py-spy) in the detokenizer's walk",
+        f"{api_ms(stock_large, 'loads'):.1f} parsing the JSON and {api_ms(stock_large, 'validate_python'):.1f} in "
+        f"pydantic, and its engine {ms(stock_large, 'request_block_hasher'):.1f} hashing",
+        f"{(small['server_prefill_s'] - stock_small['server_prefill_s']) * 1e3:.1f} ms more than stock at one "
+        f"document and {(large['server_prefill_s'] - stock_large['server_prefill_s']) * 1e3:.1f} at 32",
+    ))  # fmt: skip
