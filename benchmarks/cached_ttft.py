@@ -144,7 +144,7 @@ def main() -> None:
     passages = json.loads(args.passages.read_text())
     docs = passages_as_docs(passages, AutoTokenizer.from_pretrained(args.tokenizer), 1000, max(args.docs))
     rows = []
-    for server in map(SERVERS.get, args.servers):
+    for server in (SERVERS[name] for name in args.servers):
         flags = []
         if args.gpu_profile:
             profile_dir(server, args).mkdir(parents=True, exist_ok=True)

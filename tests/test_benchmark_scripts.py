@@ -56,7 +56,7 @@ def test_the_cached_ttft_profile_runs(server_pool: ServerPool, tiny_model_dir: P
                      "--servers", "pic-256", "stock", "--server-arg=--block-size=32",  # vLLM's CPU kernels' size
                      model=tiny_model_dir, passages=passages,
                      out=tmp_path / "ttft.json")  # fmt: skip
-    one, two, stock_one, stock_two = result["rows"]
+    one, two, stock_one, _ = result["rows"]
     assert [r["server"] for r in result["rows"]] == ["pic-256"] * 2 + ["stock"] * 2
     assert (one["docs"], two["docs"]) == (1, 2) and two["prompt_tokens"] > one["prompt_tokens"]
     # Stock answers the plain prompt (no markers or pads) from its prefix cache.
