@@ -1298,9 +1298,10 @@ def test_the_h100_cached_request_section_matches_its_results() -> None:
         f"stock's step takes {stock_small['server_prefill_s'] * 1e3:.1f} ms at one document and "
         f"{stock_large['server_prefill_s'] * 1e3:.1f} at 32, MiniPIC's {small['server_prefill_s'] * 1e3:.1f} and "
         f"{large['server_prefill_s'] * 1e3:.1f}",
-        f"spends {ms(stock_large, 'decode_next', engine=False):.1f} ms per request (under py-spy) in the detokenizer's walk",
-        f"{ms(stock_large, 'loads', False):.1f} parsing the JSON and {ms(stock_large, 'validate_python', False):.1f} in "
-        f"pydantic, and its engine {ms(stock_large, 'request_block_hasher'):.1f} hashing",
+        f"spends {ms(stock_large, 'decode_next', False):.1f} ms per request (under py-spy) in the detokenizer's",
+        f"{ms(stock_large, 'loads', False):.1f} parsing the JSON and "
+        f"{ms(stock_large, 'validate_python', False):.1f} in pydantic, and its engine "
+        f"{ms(stock_large, 'request_block_hasher'):.1f} hashing",
         f"{(small['server_prefill_s'] - stock_small['server_prefill_s']) * 1e3:.1f} ms more than stock at one "
         f"document and {(large['server_prefill_s'] - stock_large['server_prefill_s']) * 1e3:.1f} at 32",
     ))  # fmt: skip
