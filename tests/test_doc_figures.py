@@ -1112,6 +1112,14 @@ def _assert_quoted(section: str, phrases: Iterable[str]) -> None:
         assert phrase in text, phrase
 
 
+def _stack_ms(row: dict, name: str, engine: bool) -> float:
+    """A cached_ttft row's py-spy milliseconds per request with `name` on the stack, in the engine
+    process or in another (the API server's); a name found in two such processes fails."""
+    (ms,) = {v for p, stack in row["stack_ms_per_request"].items() for n, v in stack
+             if n == name and p.startswith("VLLM::EngineCore") == engine}  # fmt: skip
+    return ms
+
+
 def test_the_per_token_work_section_matches_its_results() -> None:
     section = _benchmarks_section("Latest: per-token work over cached tokens")
     assert "\n".join(tables.overhead(_result("request-overhead-cpu-619ca64.json"))) in section
@@ -1143,9 +1151,7 @@ def test_the_completions_route_section_matches_its_results() -> None:
 
     def per_request(name: str, file: str, engine: bool = False) -> float:
         (many,) = (r for r in _result(file)["rows"] if r["docs"] == 32)
-        (ms,) = {v for p, rows in many["stack_ms_per_request"].items() for n, v in rows
-                 if n == name and p.startswith("VLLM::EngineCore") == engine and (engine or "serve" in p)}  # fmt: skip
-        return ms
+        return _stack_ms(many, name, engine)
 
     now, before = "cached-ttft-cpu-c64ba69.json", "cached-ttft-cpu-10ddac4.json"
     parse_before = per_request("loads", before) + per_request("validate_python", before)
@@ -1169,9 +1175,7 @@ def test_the_cached_request_stages_match_their_results() -> None:
     assert (one["docs"], many["docs"]) == (1, 32)
 
     def per_request(name: str, engine: bool) -> str:
-        (ms,) = {v for p, rows in many["stack_ms_per_request"].items() for n, v in rows
-                 if n == name and p.startswith("VLLM::EngineCore") == engine}  # fmt: skip
-        return f"{ms:.1f}"
+        return f"{_stack_ms(many, name, engine):.1f}"
 
     growth = (many["ttft_median_s"] - many["server_prefill_s"]) - (one["ttft_median_s"] - one["server_prefill_s"])
     hasher = _result("request-overhead-cpu-272d234.json")["rows"][-1]
@@ -1250,10 +1254,7 @@ def test_the_h100_cached_request_section_matches_its_results() -> None:
     small, large = profile["rows"]
 
     def ms(row: dict, name: str, engine: bool = True) -> float:
-        """Milliseconds per request under py-spy: in the engine process, or in the API server's."""
-        (value,) = {v for p, stack in row["stack_ms_per_request"].items() for n, v in stack
-                    if n == name and p.startswith("VLLM::EngineCore") == engine}  # fmt: skip
-        return value
+        return _stack_ms(row, name, engine)
 
     def per_step_ms(row: dict, us: float) -> float:
         return us / 1e3 / gpu_profile.engine_steps(row["gpu_profile"])["steps"]
