@@ -20,7 +20,10 @@ GPU time, no launch overhead; the CPU cost of dispatch is reported separately. S
 - ``decode_configs`` (not by default): the whole decode call at a few launch shapes, at origin
   and over moved blocks;
 - ``prefill_parts`` (not by default): each launch of a short window-free prefill alone;
-- ``jit``: after `warm_up`, a random mix of batches compiles no kernel.
+- ``jit``: after `warm_up`, a random mix of batches compiles no kernel;
+- ``dispatch`` (not by default): the host time of one layer's launches for a cached final
+  prompt over 1 and 32 moved documents, piece by piece, beside stock vLLM's write and FA3
+  call, and a cProfile of MiniPIC's layer (what the GPU waits for when steps are host-bound).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import (
@@ -448,6 +452,106 @@ def section_kv_write() -> list[dict]:
     return rows
 
 
+@triton.jit
+def _no_op_kernel(a, b, c, d, e, f, g, h, i, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13,
+                  C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr):
+    """As many arguments as `rotate_into_pages`'s kernel, no work: Triton's launcher alone."""
+    pass
+
+
+def section_dispatch(fa, fa_func, version) -> list[dict]:
+    """Host microseconds per call of each launch one attention layer makes for a cached final
+    prompt (30 query tokens after k moved documents of 1,024 tokens), beside stock vLLM's cache
+    write and FA3 call, and the functions of MiniPIC's layer under cProfile."""
+    import cProfile
+    import pstats
+
+    from vllm import _custom_ops as vllm_ops
+
+    from minipic_kernels.kv_write import write_kv
+    from minipic_kernels.rotary_pages import rotate_into_pages
+    from minipic_server.backends.common import PicAttentionMetadata, split_kv_cache
+    from minipic_server.block_records import BlockRecords, derive_step
+
+    s, rows = LLAMA3, []
+    for docs in (1, 32):
+        q_len = 30
+        batch = Batch(s, [(docs * 1024 + q_len, q_len)], moved=1 << 20)  # every block 7 blocks from its origin
+        plan, out = batch.plan(), torch.empty_like(batch.query)
+        scratch = plan.routes.scratch
+        width = (s.num_q_heads + 2 * s.num_kv_heads) * s.head_size
+        qkv = torch.randn(q_len, width, device=DEVICE).to(s.dtype)
+        key = qkv[:, s.num_q_heads * s.head_size : (s.num_q_heads + s.num_kv_heads) * s.head_size]
+        key = key.view(q_len, s.num_kv_heads, s.head_size)
+        value = qkv[:, (s.num_q_heads + s.num_kv_heads) * s.head_size :].view(q_len, s.num_kv_heads, s.head_size)
+        pos = torch.arange(docs * 1024, docs * 1024 + q_len, device=DEVICE)
+        slots = (batch.block_table[0, pos // s.block_size].long() * s.block_size + pos % s.block_size)
+        shifts = torch.zeros(batch.key_cache.shape[0], dtype=torch.int32, device=DEVICE)
+        one = torch.ones((), device=DEVICE)
+        kv_cache = torch.empty(batch.key_cache.shape[0], s.num_kv_heads, s.block_size, 2 * s.head_size,
+                               dtype=s.dtype, device=DEVICE)  # fmt: skip
+        k_dup, v_dup = batch.key_cache.contiguous(), batch.value_cache.contiguous()
+        records = BlockRecords(DEVICE)
+        records.kind, records.origin = batch.block_kind, batch.block_origin
+
+        def step_metadata(b: Batch = batch, slots: torch.Tensor = slots) -> PicAttentionMetadata:
+            seq_len = b.reqs[0][0]
+            return PicAttentionMetadata(
+                q_len, q_len, seq_len, s.block_size, b.query_start_loc, b.seq_lens, b.block_table, slots,
+                plan=dataclasses.replace(b.plan(), routes=None),
+            )  # fmt: skip
+
+        ours = batch.ours(out, fa)
+        stock = stock_fa(batch, torch.empty_like(batch.query), fa_func, version)
+        pieces = {
+            "ours_attention": ours,
+            "ours_write_kv": lambda: write_kv(key, value, batch.key_cache, batch.value_cache, slots, shifts,
+                                              batch.key_cos_sin, s.rotary_dim, s.is_neox),
+            "ours_rotate_into_pages": lambda: rotate_into_pages(
+                batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin, batch.seq_lens,
+                scratch.block_pages, batch.key_cos_sin, s.rotary_dim, s.is_neox, num_pages=scratch.num_pages,
+                max_pages=scratch.max_pages),
+            "ours_fa3_call": lambda: fa(batch.query, k_dup, v_dup, batch.block_table, batch.query_start_loc,
+                                        scratch.query_used, batch.seq_lens, q_len, docs * 1024 + q_len,
+                                        batch.scale, out),
+            "ours_split_kv_cache": lambda: split_kv_cache(kv_cache),
+            "ours_route": lambda: batch.plan(),
+            "ours_derive_step": lambda: derive_step(step_metadata(), records, first_layer=True),
+            "torch_empty_pair": lambda: (torch.empty(scratch.num_pages * 16 * 8 * 128, dtype=s.dtype, device=DEVICE),
+                                         torch.empty(scratch.num_pages * 16 * 8 * 128, dtype=s.dtype, device=DEVICE)),
+            "triton_no_op_23_args": lambda: _no_op_kernel[(1,)](*([out] * 9), *range(14), C0=1, C1=2, C2=3),
+            "stock_fa3": stock,
+            "stock_write_cuda": lambda: vllm_ops.reshape_and_cache_flash(
+                key, value, k_dup, v_dup, slots, "auto", one, one),
+        }
+        host_syncing = {"ours_route", "ours_derive_step"}  # not capturable: host time only
+        for name, fn in pieces.items():
+            row = {"docs": docs, "piece": name}
+            try:  # a piece this vLLM lacks: recorded, the others still run
+                row["cpu_us"] = cpu_us(fn)
+                if name not in host_syncing:
+                    row["gpu_ms"] = graph_ms(fn)
+            except Exception as error:
+                row["error"] = f"{type(error).__name__}: {error}"[:300]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        profile = cProfile.Profile()
+        layer = pieces["ours_attention"], pieces["ours_write_kv"]
+        profile.enable()
+        for _ in range(200):
+            for fn in layer:
+                fn()
+        profile.disable()
+        torch.cuda.synchronize()
+        stats = pstats.Stats(profile).sort_stats("tottime")
+        top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:25]
+        rows.append({"docs": docs, "piece": "cprofile_ours_layer_top_tottime_us_per_layer",
+                     "functions": [[f"{fn[2]} ({Path(fn[0]).name}:{fn[1]})", round(st[2] / 200 * 1e6, 1),
+                                    round(st[3] / 200 * 1e6, 1)] for fn, st in top]})  # fmt: skip
+        print(json.dumps(rows[-1])[:3000], flush=True)
+    return rows
+
+
 def section_jit(fa) -> dict:
     """Compile counts after `warm_up`, over a random mix of steps like a server sees."""
     compiled: list[str] = []
@@ -522,6 +626,8 @@ def main() -> None:
         result["prefill_parts"] = section_prefill_parts(fa, fa_func, version)
     if "kv_write" in sections:
         result["kv_write"] = section_kv_write()
+    if "dispatch" in sections:
+        result["dispatch"] = section_dispatch(fa, fa_func, version)
     result["times"] = section_times(fa, fa_func, version, sections)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
