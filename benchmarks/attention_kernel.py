@@ -42,16 +42,10 @@ import triton
 import triton.language as tl
 
 from minipic_kernels.attention import paged_rope_attention, plan_step
-from minipic_kernels.block_kinds import (
-    BlockKind,
-    compactable_requests,
-    hidden_per_block,
-    requests_with_hidden,
-    requests_with_masks,
-    window_starts_per_block,
-)
-from minipic_kernels.block_origins import key_shifts, misplaced_requests
+from minipic_kernels.block_kinds import BlockKind
+from minipic_kernels.block_origins import key_shifts
 from minipic_kernels.reference import paged_rope_attention_reference, rotate
+from minipic_kernels.step_tensors import derive_step_tensors
 from minipic_kernels.triton_attention import AttentionConfig, TileLaunch, decode_config, launch
 from minipic_kernels.warmup import LayerShape, warm_up
 
@@ -142,24 +136,22 @@ class Batch:
         self.cos_sin = cos_sin_table(s, max(n for n, _ in self.reqs) + 256)
         self.key_cos_sin = self.cos_sin.to(s.dtype)  # what attention reads, as the server passes it
         self.scale = s.head_size**-0.5
-        self.window_starts = window_starts_per_block(self.block_table, self.block_kind, bs)
-        self.hidden_blocks = hidden_per_block(self.block_table, self.block_kind)
-        mask_inputs = (self.window_starts, self.hidden_blocks, self.query_start_loc, self.seq_lens, bs)
-        self.windowed = requests_with_masks(*mask_inputs)
-        self.compactable = compactable_requests(*mask_inputs)
-        self.hidden = requests_with_hidden(self.hidden_blocks, self.seq_lens, bs)
-        self.misplaced = misplaced_requests(self.block_table, self.block_origin, self.seq_lens, bs)
+        self.step = derive_step_tensors(self.block_table, self.block_kind, self.block_origin, self.query_start_loc,
+                                        self.seq_lens, bs)  # fmt: skip
 
     def plan(self, budget: int = 1 << 30):
         """The step's plan, routed as the server routes it (one host sync, here outside the timing)."""
+        return self.unrouted_plan(budget).routed(self.step)
+
+    def unrouted_plan(self, budget: int = 1 << 30):
+        """The step's plan as the metadata builder makes it."""
         s = self.shape
-        plan = plan_step(
+        return plan_step(
             [q for _, q in self.reqs], [n for n, _ in self.reqs], max_seq_len=max(n for n, _ in self.reqs),
             block_size=s.block_size, group=s.num_q_heads // s.num_kv_heads,
             page_bytes=2 * s.block_size * s.num_kv_heads * s.head_size * torch.finfo(s.dtype).bits // 8,
             scratch_budget_bytes=budget,
         )  # fmt: skip
-        return plan.routed(self.windowed, self.compactable, self.misplaced, self.hidden_blocks, self.seq_lens)
 
     def args(self) -> dict:
         s = self.shape
@@ -173,21 +165,21 @@ class Batch:
     def ours(self, out: torch.Tensor, fa, *, budget: int = 1 << 30, decode: AttentionConfig | None = None):
         plan = self.plan(budget)
         return lambda: paged_rope_attention(
-            **{**self.args(), "cos_sin": self.key_cos_sin}, output=out, plan=plan, window_starts=self.window_starts,
-            moved=self.misplaced, hidden=self.hidden, paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
+            **{**self.args(), "cos_sin": self.key_cos_sin}, output=out, plan=plan, step=self.step,
+            paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
         )  # fmt: skip
 
     def tile_launch(self) -> TileLaunch:
         """The batch as one kernel launch sees it (the cache's keys where they were computed)."""
         s = self.shape
         return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_kind,
-                          self.block_origin, self.misplaced, self.hidden, self.query_start_loc, self.seq_lens,
-                          self.window_starts, self.key_cos_sin, s.rotary_dim, s.is_neox, self.scale,
+                          self.block_origin, self.step.moved, self.step.hidden, self.query_start_loc, self.seq_lens,
+                          self.step.window_starts, self.key_cos_sin, s.rotary_dim, s.is_neox, self.scale,
                           max(n for n, _ in self.reqs))  # fmt: skip
 
     def reference(self) -> torch.Tensor:
         args = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in self.args().items()}
-        return paged_rope_attention_reference(**args, window_starts=self.window_starts)
+        return paged_rope_attention_reference(**args, window_starts=self.step.window_starts)
 
     def rotated_cache(self) -> tuple[torch.Tensor, torch.Tensor]:
         """FA3's own layout (blocks, block_size, heads, head) with every block's keys moved to
@@ -370,7 +362,7 @@ def section_prefill_parts(fa, fa_func, version) -> list[dict]:
             if scratch is not None:
                 row["move_pass_ms"] = graph_ms(functools.partial(
                     rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin,
-                    batch.seq_lens, scratch.block_pages, batch.key_cos_sin, s.rotary_dim, s.is_neox,
+                    batch.seq_lens, scratch.page_start, scratch.kept_rank, batch.key_cos_sin, s.rotary_dim, s.is_neox,
                     num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
             row["ratio"] = row["whole_ms"] / row["fa3_ms"]
             print(json.dumps(row), flush=True)
@@ -498,7 +490,7 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
             seq_len = b.reqs[0][0]
             return PicAttentionMetadata(
                 q_len, q_len, seq_len, s.block_size, b.query_start_loc, b.seq_lens, b.block_table, slots,
-                plan=dataclasses.replace(b.plan(), routes=None),
+                plan=b.unrouted_plan(),
             )  # fmt: skip
 
         ours = batch.ours(out, fa)
@@ -509,13 +501,17 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
                                               batch.key_cos_sin, s.rotary_dim, s.is_neox),
             "ours_rotate_into_pages": lambda: rotate_into_pages(
                 batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin, batch.seq_lens,
-                scratch.block_pages, batch.key_cos_sin, s.rotary_dim, s.is_neox, num_pages=scratch.num_pages,
+                scratch.page_start, scratch.kept_rank, batch.key_cos_sin, s.rotary_dim, s.is_neox,
+                num_pages=scratch.num_pages,
                 max_pages=scratch.max_pages),
             "ours_fa3_call": lambda: fa(batch.query, k_dup, v_dup, batch.block_table, batch.query_start_loc,
                                         scratch.query_used, batch.seq_lens, q_len, docs * 1024 + q_len,
                                         batch.scale, out),
             "ours_split_kv_cache": lambda: split_kv_cache(kv_cache),
             "ours_route": lambda: batch.plan(),
+            "ours_derive_step_tensors": lambda: derive_step_tensors(
+                batch.block_table, batch.block_kind, batch.block_origin, batch.query_start_loc, batch.seq_lens,
+                s.block_size),
             "ours_derive_step": lambda: derive_step(step_metadata(), records, first_layer=True),
             "torch_empty_pair": lambda: (torch.empty(scratch.num_pages * 16 * 8 * 128, dtype=s.dtype, device=DEVICE),
                                          torch.empty(scratch.num_pages * 16 * 8 * 128, dtype=s.dtype, device=DEVICE)),

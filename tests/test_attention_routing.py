@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from minipic_kernels.attention import StepPlan, plan_step
+from minipic_kernels.attention import Scratch, StepPlan, plan_step
 from minipic_kernels.block_kinds import (
     BlockKind,
-    compactable_requests,
     hidden_per_block,
     requests_with_hidden,
-    requests_with_masks,
-    window_starts_per_block,
 )
 from minipic_kernels.block_origins import key_shifts, misplaced_requests
+from minipic_kernels.step_tensors import MOVED, StepTensors, derive_step_tensors_reference, flag_rows
 
 BS = 16
 
@@ -49,9 +47,14 @@ def _plan(query_lens: list[int], seq_lens: list[int], budget: int = 1 << 30):
 
 def _routed(plan: StepPlan, masked: list[bool], misplaced: list[bool], seq_lens: list[int]) -> StepPlan:
     """``plan`` routed for requests without hidden blocks (none compactable)."""
-    none = torch.zeros(len(seq_lens), dtype=torch.bool)
-    no_hidden = torch.zeros(len(seq_lens), 8, dtype=torch.bool)
-    return plan.routed(torch.tensor(masked), none, torch.tensor(misplaced), no_hidden, torch.tensor(seq_lens))
+    flags = flag_rows(len(seq_lens), torch.device("cpu"))
+    flags.zero_()
+    flags[MOVED], flags[2] = torch.tensor(misplaced), torch.tensor(masked)
+    lengths = torch.tensor(seq_lens, dtype=torch.int32)
+    in_request = torch.arange(8)[None, :] * BS < lengths[:, None]
+    kept_rank = torch.where(in_request, torch.arange(8), -1).to(torch.int32)
+    step = StepTensors(torch.full((len(seq_lens), 8), -1, dtype=torch.int32), flags, lengths, kept_rank)
+    return plan.routed(step)
 
 
 def test_each_prefill_request_goes_to_the_kernel_that_is_exact_for_it() -> None:
@@ -97,14 +100,25 @@ LAYOUT = torch.tensor([0, 0, BlockKind.PDEP, BlockKind.HSEP, 0, BlockKind.PDEP, 
 FINAL_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
-def _flags(tables: list[list[int]], reqs: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
-    """(masked, compactable, hidden blocks, seq_lens) of requests over `LAYOUT`, (seq_len, query_len) each."""
+def _step(tables: list[list[int]], reqs: list[tuple[int, int]], moved: list[bool] | None = None) -> StepTensors:
+    """The step's tensors for requests over `LAYOUT`, (seq_len, query_len) each, every block at
+    its origin but those of the requests ``moved`` flags."""
     table = torch.tensor([t + [0] * (8 - len(t)) for t in tables], dtype=torch.int32)
-    seq_lens = torch.tensor([s for s, _ in reqs])
+    seq_lens = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
     qsl = torch.tensor([0] + [q for _, q in reqs]).cumsum(0)
-    hidden = hidden_per_block(table, LAYOUT)
-    inputs = (window_starts_per_block(table, LAYOUT, BS), hidden, qsl, seq_lens, BS)
-    return requests_with_masks(*inputs), compactable_requests(*inputs), hidden, seq_lens
+    origin = torch.zeros(len(LAYOUT), dtype=torch.int32)
+    for row in tables:
+        origin[row] = torch.arange(len(row), dtype=torch.int32)
+    step = derive_step_tensors_reference(table, LAYOUT, origin, qsl, seq_lens, BS)
+    if moved is not None:
+        step.flags[MOVED] = torch.tensor(moved)
+    return step
+
+
+def _pages(scratch: Scratch) -> list[list[int]]:
+    """The scratch page each logical block is copied to (-1: none), as `rotate_into_pages` places it."""
+    start = scratch.page_start[:, None]
+    return torch.where((start >= 0) & (scratch.kept_rank >= 0), start + scratch.kept_rank, -1).tolist()
 
 
 def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_over_scratch() -> None:
@@ -117,12 +131,11 @@ def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_ov
     # question | the question after a span at block 0
     reqs = [(8 * BS, 2 * BS), (8 * BS, 2 * BS), (8 * BS, 8 * BS), (2 * BS, 2 * BS), (4 * BS, 4 * BS),
             (4 * BS - 3, 2 * BS - 3)]  # fmt: skip
-    masked, compactable, hidden, seq_lens = _flags(tables, reqs)
-    assert masked.tolist() == [True, True, True, False, True, True]
-    assert compactable.tolist() == [True, True, False, False, False, True]
-    misplaced = torch.tensor([False, True, False, False, False, False])
+    step = _step(tables, reqs, moved=[False, True, False, False, False, False])
+    assert step.masked.tolist() == [1, 1, 1, 0, 1, 1]
+    assert step.compactable.tolist() == [1, 1, 0, 0, 0, 1]
     plan = _plan([q for _, q in reqs], [s for s, _ in reqs])
-    routes = plan.routed(masked, compactable, misplaced, hidden, seq_lens).routes
+    routes = plan.routed(step).routes
     assert routes is not None and routes.tiles is not None and routes.at_origin is not None
     assert routes.tiles.tolist() == [0, 0, 1, 0, 1, 0]
     assert routes.at_origin.tolist() == [0, 0, 0, 2 * BS, 0, 0]
@@ -131,7 +144,7 @@ def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_ov
     assert scratch.query_used.tolist() == [2 * BS, 2 * BS, 0, 0, 0, 2 * BS - 3]
     assert scratch.page_start.tolist() == [0, 8, -1, -1, -1, 16]
     assert (scratch.num_pages, scratch.max_pages) == (20, 8)
-    assert scratch.block_pages.tolist() == [
+    assert _pages(scratch) == [
         [0, 1, -1, 2, 3, -1, 4, 5], [8, 9, -1, 10, 11, -1, 12, 13], [-1] * 8, [-1] * 8, [-1] * 8,
         [-1, 16, 17, 18, -1, -1, -1, -1],
     ]  # fmt: skip
@@ -141,19 +154,19 @@ def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_ov
 def test_moved_requests_keep_every_block_on_scratch() -> None:
     """A misplaced window-free request reads all its blocks in logical order, a hidden head its
     rows see (a span's own, at window 0) included."""
-    masked, compactable, hidden, seq_lens = _flags([[3, 4]], [(2 * BS, BS)])
-    assert not masked.any() and not compactable.any()
-    routes = _plan([BS], [2 * BS]).routed(masked, compactable, torch.tensor([True]), hidden, seq_lens).routes
+    step = _step([[3, 4]], [(2 * BS, BS)], moved=[True])
+    assert not step.masked.any() and not step.compactable.any()
+    routes = _plan([BS], [2 * BS]).routed(step).routes
     assert routes is not None and routes.scratch is not None
-    assert routes.scratch.block_pages.tolist() == [[0, 1, -1, -1, -1, -1, -1, -1]]
+    assert _pages(routes.scratch) == [[0, 1, -1, -1, -1, -1, -1, -1]]
     assert routes.scratch.seq_used.tolist() == [2 * BS]
 
 
 def test_compactable_requests_over_the_scratch_budget_go_to_the_tile_kernel() -> None:
     reqs = [(8 * BS, 2 * BS), (2 * BS, 2 * BS)]
-    masked, compactable, hidden, seq_lens = _flags([FINAL_PROMPT, [3, 4]], reqs)
+    step = _step([FINAL_PROMPT, [3, 4]], reqs)
     plan = _plan([q for _, q in reqs], [s for s, _ in reqs], budget=7 * 1000)  # 8 pages needed
-    routes = plan.routed(masked, compactable, torch.tensor([False, False]), hidden, seq_lens).routes
+    routes = plan.routed(step).routes
     assert routes is not None and routes.scratch is None
     assert routes.tiles is not None and routes.tiles.tolist() == [1, 0]
     assert routes.at_origin is not None and routes.at_origin.tolist() == [0, 2 * BS]

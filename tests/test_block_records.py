@@ -80,7 +80,7 @@ def test_the_worker_sets_shipped_records_and_derives_the_step_from_them() -> Non
         5, 4, 16, 4, torch.tensor([0, 4, 5]), torch.tensor([16, 3]), table, torch.zeros(5, dtype=torch.long)
     )
     derive_step(metadata, records, first_layer=True)
-    assert metadata.window_starts.tolist() == [[-1, 4, 4, -1], [-1, -1, -1, -1]]
-    assert metadata.moved.tolist() == [1, 0]
+    assert metadata.step.window_starts.tolist() == [[-1, 4, 4, -1], [-1, -1, -1, -1]]
+    assert metadata.step.moved.tolist() == [1, 0]
     with pytest.raises(MiniPICConfigError, match="made for 8"):
         records.ensure(9)

@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from minipic_kernels import kv_write, rotary_pages  # noqa: E402
+from minipic_kernels import kv_write, rotary_pages, step_tensors  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 
@@ -45,8 +45,15 @@ def test_write_kv_compiles_for_sm90(dtype: str, is_neox: bool) -> None:
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_rotate_into_pages_compiles_for_sm90(dtype: str) -> None:
     constants = dict(NUM_KV_HEADS=8, HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, KV_BLOCK_SIZE=16)
-    pointers = {name: "*i32" for name in ("block_table_ptr", "block_origin_ptr", "seq_lens_ptr", "block_pages_ptr")}
+    pointers = {name: "*i32" for name in ("block_table_ptr", "block_origin_ptr", "seq_lens_ptr", "page_start_ptr",
+                                          "block_ranks_ptr")}  # fmt: skip
     assert _ptx(rotary_pages._rotate_into_pages_kernel, dtype, constants, pointers)  # the table in the cache's dtype
+
+
+def test_step_derivation_compiles_for_sm90() -> None:
+    """One launch per step derives what every layer reads from the block records."""
+    pointers = {name: "*i8" for name in ("flags_ptr", "block_kind_ptr")}
+    assert _ptx(step_tensors._derive_step_kernel, "i32", dict(KV_BLOCK_SIZE=16, CHUNK=256), pointers)
 
 
 _ATTENTION_POINTERS = {

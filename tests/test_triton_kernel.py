@@ -79,6 +79,7 @@ CASE_NAMES = [
     "write_then_attend_float32_tiles_gptj",
     "write_then_attend_float32_reference",
     "decode_over_rotated_keys",
+    "step_derivation",
 ]
 
 

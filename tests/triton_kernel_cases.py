@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from minipic_kernels import kv_write, rotary_pages, triton_attention, warmup
+from minipic_kernels import kv_write, rotary_pages, step_tensors, triton_attention, warmup
 from minipic_kernels.attention import paged_rope_attention, plan_step
-from minipic_kernels.block_kinds import BlockKind, hidden_per_block, requests_with_hidden
+from minipic_kernels.block_kinds import BlockKind
 from minipic_kernels.reference import (
     paged_causal_attention_reference,
     paged_rope_attention_reference,
@@ -32,6 +32,7 @@ from minipic_kernels.reference import (
     unit_rotation_table,
     write_kv_reference,
 )
+from minipic_kernels.step_tensors import HIDDEN, derive_step_tensors, derive_step_tensors_reference
 from minipic_kernels.triton_attention import AttentionConfig
 
 
@@ -396,16 +397,18 @@ def hidden_flag_gates_the_mask_case() -> dict:
     case = next(c for c in CASES if c.name == "f32_decode_one_hidden")
     inputs = build(case)
     ref = paged_rope_attention_reference(**inputs)
-    flags = requests_with_hidden(
-        hidden_per_block(inputs["block_table"], inputs["block_kind"]), inputs["seq_lens"], case.block_size
-    )
+    step = derive_step_tensors(inputs["block_table"], inputs["block_kind"], inputs["block_origin"],
+                               inputs["query_start_loc"], inputs["seq_lens"], case.block_size)  # fmt: skip
+    flags = step.hidden.tolist()
+    unflagged = step.flags.clone()
+    unflagged[HIDDEN] = 0
     errors = []
-    for hidden in (flags, torch.zeros_like(flags)):
-        out = paged_rope_attention(**inputs, hidden=hidden, decode=case.decode)
+    for derived in (step, dataclasses.replace(step, flags=unflagged)):
+        out = paged_rope_attention(**inputs, step=derived, decode=case.decode)
         errors.append(float((out - ref).abs().nan_to_num(float("inf")).max()))
-    ok = flags.tolist() == [1, 0, 0, 0] and errors[0] <= 1e-3 and errors[1] > 1e-2
+    ok = flags == [1, 0, 0, 0] and errors[0] <= 1e-3 and errors[1] > 1e-2
     return {"name": "hidden_flag_gates_the_mask", "ok": ok, "max_err": errors[0], "tol": 1e-3,
-            "detail": f"flags={flags.tolist()} unflagged_err={errors[1]}"}  # fmt: skip
+            "detail": f"flags={flags} unflagged_err={errors[1]}"}  # fmt: skip
 
 
 def refreshed_heads_on_the_stock_kernel_case() -> dict:
@@ -430,7 +433,36 @@ def refreshed_heads_on_the_stock_kernel_case() -> dict:
             "detail": f"launches={launches}"}  # fmt: skip
 
 
+def step_derivation_case(steps: int = 120) -> dict:
+    """`derive_step_tensors` (one launch, walking each table row in several chunks here) equals
+    `derive_step_tensors_reference` on random steps: marker and hidden blocks anywhere, junk
+    entries past a request's length, requests of no rows and padding requests of length 0."""
+    rng, mismatches, compactable = random.Random(7), [], 0
+    chunk, step_tensors._CHUNK = step_tensors._CHUNK, 8
+    try:
+        for seed in range(steps):
+            g = torch.Generator().manual_seed(seed)
+            bs, num_reqs, width, num_phys = rng.choice([4, 16]), rng.randint(1, 6), rng.randint(1, 30), 40
+            table = torch.randint(0, num_phys, (num_reqs, width), generator=g, dtype=torch.int32)
+            kind = torch.randint(0, 4, (num_phys,), generator=g).to(torch.int8)
+            kind[torch.rand(num_phys, generator=g) < 0.5] = BlockKind.PLAIN
+            origin = torch.randint(0, width, (num_phys,), generator=g, dtype=torch.int32)
+            seq = [rng.randint(0, width * bs) for _ in range(num_reqs)]
+            qsl = torch.tensor([0] + [rng.randint(0, s) for s in seq]).cumsum(0).to(torch.int32)
+            args = (table, kind, origin, qsl, torch.tensor(seq, dtype=torch.int32), bs)
+            got, want = derive_step_tensors(*args), derive_step_tensors_reference(*args)
+            compactable += int(want.compactable.sum())
+            for name in ("window_starts", "flags", "kept_len", "kept_rank"):
+                if not torch.equal(getattr(got, name).long(), getattr(want, name).long()):
+                    mismatches.append(f"step {seed}: {name}")
+    finally:
+        step_tensors._CHUNK = chunk
+    return {"name": "step_derivation", "ok": not mismatches and compactable > 0, "max_err": len(mismatches),
+            "detail": f"compactable requests {compactable}; {mismatches[:5]}"}  # fmt: skip
+
+
 EXTRA_CASES: dict[str, Callable[[], dict]] = {
+    "step_derivation": step_derivation_case,
     "refreshed_heads_on_the_stock_kernel": refreshed_heads_on_the_stock_kernel_case,
     "hidden_flag_gates_the_mask": hidden_flag_gates_the_mask_case,
     "decode_over_rotated_keys": lambda: decode_over_rotated_keys_case(35),
@@ -479,7 +511,8 @@ class _LaunchRecorder:
 
 KERNELS = ((triton_attention, "_decode_kernel"), (triton_attention, "_prefill_kernel"),
            (triton_attention, "_merge_splits_kernel"),
-           (rotary_pages, "_rotate_into_pages_kernel"), (kv_write, "_write_kv_kernel"))  # fmt: skip
+           (rotary_pages, "_rotate_into_pages_kernel"), (kv_write, "_write_kv_kernel"),
+           (step_tensors, "_derive_step_kernel"))  # fmt: skip
 
 
 def _launches(run: Callable[[], None]) -> set[tuple]:

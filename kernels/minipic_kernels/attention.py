@@ -21,8 +21,8 @@ exact for it:
   outside each row's window and masking hidden blocks.
 
 Which requests have masks (and which of those are compactable) or misplaced blocks is
-known on the device (from the block records); `StepPlan.routed` brings those flags to the
-host once per step with prefill (one small sync, before any layer runs), so every layer
+known on the device (from the block records, `step_tensors`); `StepPlan.routed` brings those
+flags to the host once per step with prefill (one small sync, before any layer runs), so every layer
 launches only the kernels that have work. A step whose scratch pages would exceed the
 budget sends their requests to the tile kernel instead. The stock kernel computes only the
 rows it is given (``query_used``), so the launches never overwrite each other. Without a
@@ -32,20 +32,14 @@ stock kernel (``paged_attention=None``) the tile kernel takes every prefill requ
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
-from minipic_kernels.block_kinds import (
-    compactable_requests,
-    hidden_per_block,
-    requests_with_hidden,
-    requests_with_masks,
-    window_starts_per_block,
-)
-from minipic_kernels.block_origins import misplaced_requests
 from minipic_kernels.rotary_pages import page_table, rotate_into_pages
+from minipic_kernels.step_tensors import COMPACTABLE, MASKED, MOVED, StepTensors, derive_step_tensors
 from minipic_kernels.triton_attention import (
     AttentionConfig,
     TileLaunch,
@@ -86,13 +80,13 @@ class PagedAttention(Protocol):
 class Scratch:
     """Scratch pages of the requests the stock kernel reads there: ``page_start`` (device)
     gives each its first page, -1 for the others. A request's pages hold its blocks in
-    logical order, less the hidden blocks of a compactable request (`compactable_requests`):
-    its rows skip them all, and they all precede its rows, so the stock kernel, placing the
-    rows at the end of ``seq_used``, is exact without them."""
+    logical order (``kept_rank``), less the hidden blocks of a compactable request
+    (`compactable_requests`): its rows skip them all, and they all precede its rows, so the
+    stock kernel, placing the rows at the end of ``seq_used``, is exact without them."""
 
     page_start: torch.Tensor
     page_table: torch.Tensor  # (num_reqs, max_pages) scratch page ids
-    block_pages: torch.Tensor  # the page each logical block is copied to (-1: none), `rotate_into_pages`
+    kept_rank: torch.Tensor  # each logical block's page after its request's first, -1: none (`StepTensors`)
     query_used: torch.Tensor  # rows the stock kernel computes over the pages, per request
     seq_used: torch.Tensor  # keys it reads there, per request: the length less the blocks left out
     num_pages: int
@@ -125,21 +119,13 @@ class StepPlan:
     scratch_budget_bytes: int
     routes: Routes | None = None
 
-    def routed(
-        self,
-        masked: torch.Tensor,
-        compactable: torch.Tensor,
-        misplaced: torch.Tensor,
-        hidden_blocks: torch.Tensor,
-        seq_lens: torch.Tensor,
-    ) -> StepPlan:
-        """Route each prefill request from the device flags (`requests_with_masks`,
-        `compactable_requests`, `misplaced_requests`) and hidden blocks (`hidden_per_block`):
-        the step's one host sync, none without prefill."""
+    def routed(self, step: StepTensors) -> StepPlan:
+        """Route each prefill request from the step's device flags (`StepTensors`): the
+        step's one host sync, none without prefill."""
         if not self.has_prefill or self.routes is not None:
             return self
-        flags = torch.stack([flag.to(torch.int8) for flag in (masked, compactable, misplaced)])
-        masks, compacts, misplaces = flags.cpu().tolist()  # the host sync
+        flags = step.flags.cpu()  # the host sync
+        masks, compacts, misplaces = (flags[row].tolist() for row in (MASKED, COMPACTABLE, MOVED))
         prefill = [q > self.decode_limit for q in self.query_lens]
         at_origin = [p and not w and not m for p, w, m in zip(prefill, masks, misplaces)]
         # A compactable request reads its keys less its hidden blocks from scratch, moved or not.
@@ -149,45 +135,28 @@ class StepPlan:
         if sum(pages) * self.page_bytes > self.scratch_budget_bytes:
             tiles = [t or s for t, s in zip(tiles, on_scratch)]
             on_scratch, pages = [False] * len(on_scratch), [0] * len(on_scratch)
-        pad = [0] * (seq_lens.shape[0] - len(self.query_lens))  # requests the device tensors pad with
+        starts = list(itertools.accumulate(pages, initial=0))
+        width = step.flags.shape[1]  # the requests the device tensors hold, padding included
+        # Each row starts 16 bytes apart (a row's width rounded up to 4): the rotation kernel
+        # reads ``page_start`` with the same alignment whatever the batch size.
+        pad = [0] * (-(-width // 4) * 4 - len(self.query_lens))
         rows = torch.tensor(
             [[q if a else 0 for q, a in zip(self.query_lens, at_origin)] + pad,
              [q if s else 0 for q, s in zip(self.query_lens, on_scratch)] + pad,
-             [int(s) for s in on_scratch] + pad, [int(t) for t in tiles] + pad],
+             [b if s else -1 for b, s in zip(starts, on_scratch)] + [-1] * len(pad),
+             [int(t) for t in tiles] + pad],
             dtype=torch.int32,
-        ).to(seq_lens.device, non_blocking=True)  # fmt: skip
+        ).to(step.flags.device, non_blocking=True)[:, :width]  # fmt: skip
         scratch = None
         if any(on_scratch):
-            scratch = self._scratch(rows[2] > 0, compactable.bool(), hidden_blocks, seq_lens, rows[1], pages)
+            scratch = Scratch(rows[2], page_table(rows[2], max(pages)), step.kept_rank, rows[1], step.kept_len,
+                              sum(pages), max(pages))  # fmt: skip
         routes = Routes(
             at_origin=rows[0] if any(at_origin) else None,
             scratch=scratch,
             tiles=rows[3].to(torch.int8) if any(tiles) else None,
         )
         return dataclasses.replace(self, routes=routes)
-
-    def _scratch(
-        self,
-        on_scratch: torch.Tensor,
-        compactable: torch.Tensor,
-        hidden_blocks: torch.Tensor,
-        seq_lens: torch.Tensor,
-        query_used: torch.Tensor,
-        pages: list[int],
-    ) -> Scratch:
-        """The scratch pages of the requests ``on_scratch`` (device flags). Each request's pages
-        are reserved for its whole length, as the host sized ``pages``; a compactable one fills
-        them from the first, without its hidden blocks."""
-        size = self.block_size
-        dev_pages = torch.where(on_scratch, (seq_lens + size - 1) // size, 0)
-        start = torch.where(on_scratch, torch.cumsum(dev_pages, 0) - dev_pages, -1).to(torch.int32)
-        cols = torch.arange(hidden_blocks.shape[1], device=hidden_blocks.device)
-        in_request = cols[None, :] * size < seq_lens[:, None]
-        left_out = hidden_blocks & in_request & (on_scratch & compactable)[:, None]
-        copied = in_request & on_scratch[:, None] & ~left_out
-        block_pages = torch.where(copied, start[:, None] + torch.cumsum(copied, dim=1) - 1, -1).to(torch.int32)
-        seq_used = (seq_lens - size * left_out.sum(dim=1)).to(torch.int32)
-        return Scratch(start, page_table(start, max(pages)), block_pages, query_used, seq_used, sum(pages), max(pages))
 
 
 def plan_step(
@@ -235,9 +204,7 @@ def paged_rope_attention(
     output: torch.Tensor | None = None,
     *,
     plan: StepPlan | None = None,
-    window_starts: torch.Tensor | None = None,
-    moved: torch.Tensor | None = None,
-    hidden: torch.Tensor | None = None,
+    step: StepTensors | None = None,
     paged_attention: PagedAttention | None = None,
     scratch_budget_bytes: int = 1 << 30,
     prefill: AttentionConfig | None = None,
@@ -248,9 +215,8 @@ def paged_rope_attention(
 
     Shapes and semantics as `paged_rope_attention_reference`. ``plan`` comes from
     `plan_step` and, for a step with prefill, `StepPlan.routed` (both done here, with host
-    syncs, when omitted: standalone use); ``window_starts``, ``moved``
-    (`misplaced_requests`) and ``hidden`` (`requests_with_hidden`) may be passed when the
-    caller derived them once for the step.
+    syncs, when omitted: standalone use); ``step`` (`derive_step_tensors`) may be passed when
+    the caller derived it once for the step.
     ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
     Moved keys are rotated with ``cos_sin`` in the key cache's dtype, as vLLM's RoPE rotates
     keys with its table in the model's; pass it so (`RopeSpec.unit_cos_sin_in`) to spare a
@@ -263,12 +229,8 @@ def paged_rope_attention(
     if num_tokens == 0:
         return output
     cos_sin = cos_sin.to(key_cache.dtype)
-    if window_starts is None:
-        window_starts = window_starts_per_block(block_table, block_kind, block_size)
-    if moved is None:
-        moved = misplaced_requests(block_table, block_origin, seq_lens, block_size)
-    if hidden is None:
-        hidden = requests_with_hidden(hidden_per_block(block_table, block_kind), seq_lens, block_size)
+    if step is None:
+        step = derive_step_tensors(block_table, block_kind, block_origin, query_start_loc, seq_lens, block_size)
     if plan is None:
         qsl = query_start_loc.tolist()
         lengths = seq_lens.tolist()
@@ -281,15 +243,11 @@ def paged_rope_attention(
             page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=scratch_budget_bytes,
         )
-    if plan.has_prefill and plan.routes is None:
-        hidden_blocks = hidden_per_block(block_table, block_kind)
-        mask_inputs = (window_starts, hidden_blocks, query_start_loc, seq_lens, block_size)
-        plan = plan.routed(
-            requests_with_masks(*mask_inputs), compactable_requests(*mask_inputs), moved, hidden_blocks, seq_lens
-        )
+    plan = plan.routed(step)
     work = TileLaunch(
-        query, key_cache, value_cache, block_table, block_kind, block_origin, moved, hidden, query_start_loc,
-        seq_lens, window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale), plan.max_seq_len,
+        query, key_cache, value_cache, block_table, block_kind, block_origin, step.moved, step.hidden,
+        query_start_loc, seq_lens, step.window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale),
+        plan.max_seq_len,
     )  # fmt: skip
     if plan.has_prefill:
         _prefill(work, output, plan, prefill or prefill_config(head_size), paged_attention, num_tokens)
@@ -322,8 +280,8 @@ def _prefill(
         scratch = routes.scratch
         key_pages, value_pages = rotate_into_pages(
             work.key_cache, work.value_cache, work.block_table, work.block_origin, work.seq_lens,
-            scratch.block_pages, work.cos_sin, work.rotary_dim, work.is_neox, num_pages=scratch.num_pages,
-            max_pages=scratch.max_pages,
+            scratch.page_start, scratch.kept_rank, work.cos_sin, work.rotary_dim, work.is_neox,
+            num_pages=scratch.num_pages, max_pages=scratch.max_pages,
         )  # fmt: skip
         paged_attention(
             work.query, key_pages, value_pages, scratch.page_table, work.query_start_loc, scratch.query_used,

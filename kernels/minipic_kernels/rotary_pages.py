@@ -4,9 +4,9 @@ FlashAttention reads keys as they are. A request whose blocks all sit at their o
 (`block_origins`) hands it the cache itself; a request reading a cached span elsewhere
 gets this pre-pass first: its blocks' keys, each rotated by its block's shift, and its
 values, into pages laid out like vLLM's paged cache,
-``(pages, block_size, num_kv_heads, head_size)``, each logical block into the page
-``block_pages`` gives it (`attention.Scratch`: a request's pages are contiguous, in logical
-order; one page table for K and V, as FlashAttention takes).
+``(pages, block_size, num_kv_heads, head_size)``, each logical block into the page its
+request's first page and its rank give it (`attention.Scratch`: a request's pages are
+contiguous, in logical order; one page table for K and V, as FlashAttention takes).
 """
 
 from __future__ import annotations
@@ -20,25 +20,28 @@ from minipic_kernels.triton_attention import _load_rows, _moved_keys, _pow2, _ro
 __all__ = ["page_table", "rotate_into_pages"]
 
 
-@triton.jit(do_not_specialize=["stride_btr", "stride_bpr"])
+@triton.jit(do_not_specialize=["stride_btr", "stride_rkr"])
 def _rotate_into_pages_kernel(
-    k_out_ptr, v_out_ptr, k_ptr, v_ptr, block_table_ptr, block_origin_ptr, seq_lens_ptr, block_pages_ptr,
-    cos_sin_ptr,
+    k_out_ptr, v_out_ptr, k_ptr, v_ptr, block_table_ptr, block_origin_ptr, seq_lens_ptr, page_start_ptr,
+    block_ranks_ptr, cos_sin_ptr,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_btr, stride_btb, stride_bpr, stride_bpb, stride_cs,
+    stride_btr, stride_btb, stride_rkr, stride_rkb, stride_cs,
     NUM_KV_HEADS: tl.constexpr, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
     IS_NEOX: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
 ):
     """Program (request, logical block, kv head): that block's keys rotated by its shift, and
-    its values, into its page (none for a page -1 or a block past the request's length)."""
+    its values, into its page (none for a request without pages, a block ranked -1 or past
+    the request's length)."""
     req = tl.program_id(0)
     blk = tl.program_id(1)
     head = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
-    in_request = blk * KV_BLOCK_SIZE < seq_len
-    page = tl.load(block_pages_ptr + req * stride_bpr + blk * stride_bpb, mask=in_request, other=-1).to(tl.int64)
-    if page < 0:
+    first_page = tl.load(page_start_ptr + req)
+    in_request = (blk * KV_BLOCK_SIZE < seq_len) & (first_page >= 0)
+    rank = tl.load(block_ranks_ptr + req * stride_rkr + blk * stride_rkb, mask=in_request, other=-1)
+    if rank < 0:
         return
+    page = (first_page + rank).to(tl.int64)
     bt_row_ptr = block_table_ptr + req * stride_btr
     phys = tl.load(bt_row_ptr + blk * stride_btb).to(tl.int64)
     offs_s = tl.arange(0, KV_BLOCK_SIZE)
@@ -65,7 +68,8 @@ def rotate_into_pages(
     block_table: torch.Tensor,
     block_origin: torch.Tensor,
     seq_lens: torch.Tensor,
-    block_pages: torch.Tensor,
+    page_start: torch.Tensor,
+    block_ranks: torch.Tensor,
     cos_sin: torch.Tensor,
     rotary_dim: int,
     is_neox: bool,
@@ -75,8 +79,8 @@ def rotate_into_pages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Moved keys and copied values of every logical block with a page.
 
-    ``block_pages[r, b]`` (int32): the scratch page of request ``r``'s logical block ``b``,
-    -1 for a block not copied. ``num_pages`` (total) and ``max_pages`` (at least the logical
+    Request ``r``'s logical block ``b`` goes to page ``page_start[r] + block_ranks[r, b]``
+    (int32), none where either is -1. ``num_pages`` (total) and ``max_pages`` (at least the logical
     blocks of any request with pages) are host ints the caller knows from its plan: no host sync.
     Positions past a request's length are left unwritten. Returns ``(key_pages, value_pages)``.
     """
@@ -88,8 +92,8 @@ def rotate_into_pages(
     if num_pages == 0 or num_reqs == 0 or max_pages == 0:
         return k_out, v_out
     _rotate_into_pages_kernel[(num_reqs, max_pages, num_kv_heads)](
-        k_out, v_out, key_cache, value_cache, block_table, block_origin, seq_lens, block_pages, cos_sin,
-        *key_cache.stride(), *value_cache.stride(), *block_table.stride(), *block_pages.stride(), cos_sin.stride(0),
+        k_out, v_out, key_cache, value_cache, block_table, block_origin, seq_lens, page_start, block_ranks, cos_sin,
+        *key_cache.stride(), *value_cache.stride(), *block_table.stride(), *block_ranks.stride(), cos_sin.stride(0),
         NUM_KV_HEADS=num_kv_heads, HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rotary_dim // 2,
         IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, num_warps=2,
     )  # fmt: skip

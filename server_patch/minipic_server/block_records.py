@@ -9,10 +9,11 @@ the forward (`wrap_execute_model`), so they hold whether the block's KV was comp
 step, found in the prefix cache or loaded from elsewhere.
 
 Per step, the first attention layer derives what the kernels read from them
-(`derive_step`): the window start of each logical block, which requests read a block
-away from its origin or have a hidden block among their keys, and, in steps with prefill,
-the routing of requests to kernels (`StepPlan.routed`, one small host sync). The derivation
-is graph-safe tensor work over persistent buffers, so decode batches are captured whole.
+(`derive_step`, `minipic_kernels.step_tensors`: one launch on the GPU): the window start of
+each logical block, which requests read a block away from its origin, have a hidden block
+among their keys or need masks, and, in steps with prefill, the routing of requests to
+kernels (`StepPlan.routed`, one small host sync). The derivation is graph-safe, so decode
+batches are captured whole.
 """
 
 from __future__ import annotations
@@ -22,14 +23,7 @@ from typing import Any
 
 import torch
 
-from minipic_kernels.block_kinds import (
-    compactable_requests,
-    hidden_per_block,
-    requests_with_hidden,
-    requests_with_masks,
-    window_starts_per_block,
-)
-from minipic_kernels.block_origins import misplaced_requests
+from minipic_kernels.step_tensors import derive_step_tensors, derive_step_tensors_reference
 from minipic_server.block_plan import StepRecords
 from minipic_server.boundary import STEP_RECORDS, Attention
 from minipic_server.config import MiniPICConfigError
@@ -81,25 +75,18 @@ def derive_step(metadata: Any, records: BlockRecords, *, first_layer: bool) -> N
     """Fill a forward's metadata from the records: in the model's first attention layer, every
     forward (a CUDA graph captures the derivation with it, so each replay redoes it), and in
     any later layer whose metadata the first layer did not fill."""
-    if not first_layer and metadata.window_starts is not None:
+    if not first_layer and metadata.step is not None:
         return
     if not records.kind.shape[0]:
         raise MiniPICConfigError("MiniPIC attention ran before the KV cache's block records were allocated")
-    size, table, seq_lens = metadata.block_size, metadata.block_table, metadata.seq_lens
-    hidden_blocks = hidden_per_block(table, records.kind)
+    derive = derive_step_tensors if records.kind.is_cuda else derive_step_tensors_reference
     metadata.block_kind, metadata.block_origin = records.kind, records.origin
-    metadata.window_starts = window_starts_per_block(table, records.kind, size)
-    metadata.moved = misplaced_requests(table, records.origin, seq_lens, size)
-    metadata.hidden = requests_with_hidden(hidden_blocks, seq_lens, size)
-    if metadata.plan is not None and metadata.plan.has_prefill:
-        mask_inputs = (metadata.window_starts, hidden_blocks, metadata.query_start_loc, seq_lens, size)
-        metadata.plan = metadata.plan.routed(
-            requests_with_masks(*mask_inputs),
-            compactable_requests(*mask_inputs),
-            metadata.moved,
-            hidden_blocks,
-            seq_lens,
-        )
+    metadata.step = derive(
+        metadata.block_table, records.kind, records.origin, metadata.query_start_loc, metadata.seq_lens,
+        metadata.block_size,
+    )
+    if metadata.plan is not None:
+        metadata.plan = metadata.plan.routed(metadata.step)
 
 
 def link_block_records(model: torch.nn.Module, device: torch.device) -> BlockRecords:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from minipic_kernels.attention import StepPlan
+from minipic_kernels.step_tensors import StepTensors
 from minipic_server import boundary
 from minipic_server.block_records import BlockRecords, derive_step
 from minipic_server.boundary import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
@@ -36,9 +37,9 @@ class RopeSpec:
 
 @dataclass
 class PicAttentionMetadata:
-    """Per-step metadata; ``block_kind``/``block_origin``/``window_starts``/``moved``/``hidden``
-    are derived from the worker's block records by the step's first attention layer
-    (`block_records.derive_step`); ``plan`` by builders whose kernels need one (CUDA), routed there."""
+    """Per-step metadata; ``block_kind``/``block_origin``/``step`` come from the worker's block
+    records through the step's first attention layer (`block_records.derive_step`); ``plan``
+    from builders whose kernels need one (CUDA), routed there."""
 
     num_actual_tokens: int
     max_query_len: int
@@ -51,9 +52,7 @@ class PicAttentionMetadata:
     plan: StepPlan | None = None
     block_kind: torch.Tensor | None = None
     block_origin: torch.Tensor | None = None
-    window_starts: torch.Tensor | None = None
-    moved: torch.Tensor | None = None  # int8 per request: reads a block away from its origin
-    hidden: torch.Tensor | None = None  # int8 per request: a hidden block among its keys
+    step: StepTensors | None = None
 
 
 class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):

@@ -56,7 +56,7 @@ class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetad
         paged_rope_attention_reference(
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
             metadata.seq_lens, metadata.block_kind, metadata.block_origin, rope.unit_cos_sin, rope.rotary_dim,
-            rope.is_neox, self.scale, output, window_starts=metadata.window_starts,
+            rope.is_neox, self.scale, output, window_starts=metadata.step.window_starts,
         )  # fmt: skip
 
     def __init__(

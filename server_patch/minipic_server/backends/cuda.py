@@ -130,8 +130,8 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
         paged_rope_attention(
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
             metadata.seq_lens, metadata.block_kind, metadata.block_origin, rope.unit_cos_sin_in(key_cache.dtype),
-            rope.rotary_dim, rope.is_neox, self.scale, output, plan=metadata.plan, window_starts=metadata.window_starts,
-            moved=metadata.moved, hidden=metadata.hidden, paged_attention=self.paged_attention,
+            rope.rotary_dim, rope.is_neox, self.scale, output, plan=metadata.plan, step=metadata.step,
+            paged_attention=self.paged_attention,
         )  # fmt: skip
 
     def ensure_paged_attention(self, dtype: torch.dtype) -> None:
