@@ -13,7 +13,7 @@ import vllm
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from minipic_server import boundary, plugin
-from minipic_server.backends.common import split_kv_cache
+from minipic_server.backends.common import PositionFreeAttention, split_kv_cache
 from minipic_server.backends.cuda import PicTritonAttentionImpl, _fa3_paged_attention
 from minipic_server.boundary import ALLOW_UNSUPPORTED_ENV, UnsupportedVLLMError, table_version, v0_26
 from minipic_server.boundary.checks import (
@@ -149,6 +149,16 @@ def test_kv_cache_layout_of_this_vllm_is_the_one_the_kernels_index() -> None:
     boundary.check_kv_cache_layout(spec)
     key, value = split_kv_cache(torch.empty(assumed_kv_cache_shape(7, 32, 2, 64), device="meta"))
     assert key.shape == value.shape == (7, 32, 2, 64)  # [num_blocks, block_size, num_kv_heads, head_size]
+
+
+def test_a_layer_splits_its_cache_once_and_anew_for_another_cache() -> None:
+    layer = PositionFreeAttention()
+    cache = torch.randn(assumed_kv_cache_shape(3, 16, 2, 8))
+    key, value = layer.kv_views(cache)
+    assert layer.kv_views(cache)[0] is key
+    assert torch.equal(key, split_kv_cache(cache)[0]) and torch.equal(value, split_kv_cache(cache)[1])
+    other = torch.randn(assumed_kv_cache_shape(3, 16, 2, 8))
+    assert torch.equal(layer.kv_views(other)[0], split_kv_cache(other)[0])
 
 
 @pytest.mark.parametrize("shape", [(7, 32, 2, 128), (7, 2, 32, 64), (2, 7, 2, 32, 64)])

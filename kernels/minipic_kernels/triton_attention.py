@@ -41,6 +41,7 @@ place, which only the benchmarks' no-rotation baseline and its interpreter test 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -523,7 +524,9 @@ def decode_config(head_size: int) -> AttentionConfig:
     return _DECODE[_family(head_size)]
 
 
+@functools.cache
 def _pow2(x: int, minimum: int = 1) -> int:
+    """The launch's padded sizes (memoised: every layer of every step asks again)."""
     return max(minimum, triton.next_power_of_2(max(1, x)))
 
 
