@@ -208,6 +208,13 @@ def attention(data: dict) -> Iterator[str]:
             launch = f"{c['block_n']} / {c['num_warps']} / {c['num_stages']} / {c['num_splits'] or 'auto'}"
             yield (_row(r["case"], r["variant"], launch, f"{r['ms']:.4f}", f"{r['ratio']:.2f}",
                        f"{r['gb_per_s']:,.0f}"))  # fmt: skip
+    if data.get("dispatch"):
+        yield ("\n" + _row("one layer's piece", "documents", "host (µs a call)", "GPU (µs a call)"))
+        yield (_row(*["---"] * 4))
+        for r in data["dispatch"]:
+            if "cpu_us" in r:
+                gpu = f"{r['gpu_ms'] * 1e3:.1f}" if "gpu_ms" in r else "- (syncs the host)"
+                yield (_row(r["piece"], str(r["docs"]), f"{r['cpu_us']:.0f}", gpu))
     if data.get("decode_configs"):
         yield ("\n" + _row("decode call", "BLOCK_N / warps / stages", "ms", "FA3 (ms)", "/ FA3"))
         yield (_row(*["---"] * 5))

@@ -202,13 +202,16 @@ def _readme_figures() -> list[str]:
     warm = _result("load-h200-warm-a4f782a.json")["goal"]
     floor = statistics.median(r["stock_cached_ttft_s"] for r in _result("served-figure2-h200-7139fcd.json")["figure2"]
                               if r["k"] == 32 and "stock_cached_ttft_s" in r)  # fmt: skip
-    h100 = [r for r in _result("served-h100-figure2-df8727e.json")["figure2"] if r["k"] == 32]
+    h100 = [r for r in _result("served-h100-figure2-67d6def.json")["figure2"] if r["k"] == 32]
     h100_keys = ("pic_cached_ttft_s", "stock_cached_ttft_s", "stock_uncached_ttft_s")
     h100_cached, h100_floor, h100_uncached = (statistics.median(r[key] for r in h100 if key in r) for key in h100_keys)
-    gpu_suites = [_result(f"gpu-test-h100-df8727e-{half}-suite.json")["seconds"] for half in ("gpu", "reference")]
+    repeated = {r["server"]: r["ttft_median_s"] for r in _result("cached-ttft-h100-67d6def.json")["rows"]
+                if r["docs"] == 32}  # fmt: skip
+    gpu_suites = [_result(f"gpu-test-h100-67d6def-{half}-suite.json")["seconds"] for half in ("gpu", "reference")]
     return [
         f"which takes {floor:.3f} s to answer the same 32-document prompt fully cached",
         f"takes {h100_cached / h100_floor:.2f}x of that floor, {h100_uncached / h100_cached:.0f}x stock's uncached",
+        f"a repeated one {repeated['pic-256'] * 1e3:.1f} ms against stock's {repeated['stock-fa3'] * 1e3:.1f} ms",
         f"record: the two took {gpu_suites[0]:.0f} s and {gpu_suites[1]:.0f} s side by side on an H100",
         f"**{_ratio(LATEST, f'{ISPS}, refreshed-heads', 1)}** stock's samples/s (median of 3 runs, commit 8b98355; "
         f"{_ratio(TABLE1_32, f'{ISPS}, refreshed-heads', 32)} with 32 generated tokens on commit 72ee0db",
@@ -1229,6 +1232,76 @@ def test_the_figure2_at_516575e_matches_its_results() -> None:
     one = median("pic_cached_ttft_s", 1)
     assert f"({cached:.3f} against {one:.3f} s, {cached / one:.1f}x)" in text
     assert f"it takes {median('pic_cached_ttft_sdk_s', 32):.3f} s" in text
+
+def test_the_one_launch_derivation_section_matches_its_results() -> None:
+    """The H100 section on the step derivation: the dispatch tables before and after, the served
+    cached request against stock in one run, Figure 2 and the GPU suite, as their results give them."""
+    section = _benchmarks_section("Latest: one launch derives a step")
+    before, after = (_result(f"attention-h100-{commit}-dispatch.json") for commit in ("87079c1", "67d6def"))
+    for data in (before, after):
+        assert data["device"] == "NVIDIA H100 80GB HBM3"
+        assert "\n".join(tables.attention(data)).strip() in section
+
+    def host_us(data: dict, piece: str, docs: int) -> float:
+        return next(r["cpu_us"] for r in data["dispatch"] if r["piece"] == piece and r["docs"] == docs)
+
+    def layer(data: dict, pieces: tuple[str, str], docs: int) -> str:
+        return f"{sum(host_us(data, piece, docs) for piece in pieces):.0f}"
+
+    profile = _result("cached-ttft-h100-67d6def.json")
+    assert profile["provenance"]["commit"] == "67d6def"
+    assert "\n".join(tables.ttft(profile)) in section
+    rows = {(r["server"], r["docs"]): r for r in profile["rows"]}
+    pic, stock = (rows["pic-256", 32], rows["stock-fa3", 32]), (rows["pic-256", 1], rows["stock-fa3", 1])
+
+    def ms(row: dict, key: str) -> str:
+        return f"{row[key] * 1e3:.1f}"
+
+    gaps = [(p["server_prefill_s"] - s["server_prefill_s"]) * 1e3 for p, s in (stock, pic)]
+    figure2 = _result("served-h100-figure2-67d6def.json")
+    rows2 = list(tables.served(figure2))
+    assert "\n".join(rows2[: rows2.index("")]) in section
+
+    def median(data: dict, key: str, k: int) -> float:
+        return statistics.median(r[key] for r in data["figure2"] if r["k"] == k and key in r)
+
+    earlier = _result("served-h100-figure2-df8727e.json")
+    records = [_result(f"gpu-test-h100-67d6def-{half}-suite.json") for half in ("gpu", "reference")]
+    for record, passed in zip(records, (5, 23), strict=True):
+        outcome = (record["commit"], record["complete"], record["passed"], record["failed"])
+        assert outcome == ("67d6def", True, passed, 0)
+    attention, write = ("ours_attention", "ours_write_kv"), ("stock_fa3", "stock_write_cuda")
+    quoted = (
+        f"takes {ms(pic[0], 'ttft_median_s')} ms (H100, 2026-12-05, commit 67d6def)",
+        "from {:,.0f} and {:,.0f} us to {:,.0f} and {:,.0f} us at 1 and 32 documents".format(
+            *(host_us(data, "ours_derive_step", docs) for data in (before, after) for docs in (1, 32))),
+        f"spends {layer(after, attention, 1)} and {layer(after, attention, 32)} us of host time",
+        f"where stock spends {layer(after, write, 1)} and {layer(after, write, 32)}",
+        "launches ({:.0f} and {:.0f} us".format(*(host_us(after, "triton_no_op_23_args", d) for d in (1, 32))),
+        f"takes **{ms(pic[0], 'ttft_median_s')} ms against stock's {ms(pic[1], 'ttft_median_s')} ms** for the "
+        f"same prompt fully cached ({pic[0]['ttft_median_s'] / pic[1]['ttft_median_s']:.2f}x); at one document "
+        f"{ms(stock[0], 'ttft_median_s')} ms against {ms(stock[1], 'ttft_median_s')}",
+        f"takes {ms(stock[0], 'server_prefill_s')} and {ms(pic[0], 'server_prefill_s')} ms (stock "
+        f"{ms(stock[1], 'server_prefill_s')} and {ms(pic[1], 'server_prefill_s')})",
+        f"is {gaps[0]:.1f} ms at one document and {gaps[1]:.1f} ms at 32",
+        f"a profiled request took {ms(pic[0], 'profiled_ttft_median_s')} ms against {ms(pic[0], 'ttft_median_s')}",
+        f"engine core spends {_stack_ms(pic[0], 'run_busy_loop', True):.1f} ms, of which the model runner "
+        f"{_stack_ms(pic[0], 'execute_model', True):.1f} (the forward {_stack_ms(pic[0], 'forward', True):.1f}, "
+        f"staging the 35,559 prompt ids {_stack_ms(pic[0], 'add_requests', True):.1f}), the scheduler "
+        f"{_stack_ms(pic[0], 'schedule_with_records', True):.1f} and MiniPIC's block hashing "
+        f"{_stack_ms(pic[0], 'hash_new_full_blocks', True):.1f} (stock's hashing: "
+        f"{_stack_ms(pic[1], 'request_block_hasher', True):.1f})",
+        f"{median(figure2, 'pic_cached_ttft_s', 32):.3f} s against stock's uncached "
+        f"{median(figure2, 'stock_uncached_ttft_s', 32):.3f} s, "
+        f"**{median(figure2, 'stock_uncached_ttft_s', 32) / median(figure2, 'pic_cached_ttft_s', 32):.0f}x** "
+        f"({median(earlier, 'stock_uncached_ttft_s', 32) / median(earlier, 'pic_cached_ttft_s', 32):.0f}x at df8727e)",
+        f"(its fully cached request {median(figure2, 'stock_cached_ttft_s', 32):.3f} s against "
+        f"{median(earlier, 'stock_cached_ttft_s', 32):.3f} s at df8727e)",
+        f"({pic[0]['ttft_median_s'] / stock[0]['ttft_median_s']:.1f}x from one document to 32",
+        "passed, in {:.0f} s and {:.0f} s side by side".format(*(record["seconds"] for record in records)),
+    )
+    _assert_quoted(section, quoted)
+
 
 def test_the_h100_cached_request_section_matches_its_results() -> None:
     """The H100 section: the GPU suite's records, Figure 2 and the cached-request profile as
