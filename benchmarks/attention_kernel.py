@@ -531,6 +531,8 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
                 row["error"] = f"{type(error).__name__}: {error}"[:300]
             print(json.dumps(row), flush=True)
             rows.append(row)
+        rows.append({"docs": docs, "piece": "stock_write_cuda_into_our_layout",
+                     "equals_write_kv": _stock_write_matches_ours(key, value, slots, s, batch.key_cache.shape[0])})
         profile = cProfile.Profile()
         layer = pieces["ours_attention"], pieces["ours_write_kv"]
         profile.enable()
@@ -546,6 +548,29 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
                                     round(st[3] / 200 * 1e6, 1)] for fn, st in top]})  # fmt: skip
         print(json.dumps(rows[-1])[:3000], flush=True)
     return rows
+
+
+def _stock_write_matches_ours(key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor, s: Shape,
+                              num_blocks: int) -> bool | str:
+    """Does vLLM's CUDA cache write (a tenth of the host time of MiniPIC's Triton write) fill
+    MiniPIC's strided cache views (K and V side by side in each token's row) exactly as
+    `write_kv` does, for blocks written at their origin? What an eager step could launch instead."""
+    from vllm import _custom_ops as vllm_ops
+
+    from minipic_kernels.kv_write import write_kv
+
+    caches = [torch.zeros(num_blocks, s.num_kv_heads, s.block_size, 2 * s.head_size, dtype=s.dtype, device=DEVICE)
+              for _ in range(2)]  # fmt: skip
+    views = [cache.transpose(1, 2).split(s.head_size, dim=-1) for cache in caches]
+    shifts = torch.zeros(num_blocks, dtype=torch.int32, device=DEVICE)
+    write_kv(key, value, *views[0], slots, shifts, cos_sin_table(s, 16).to(s.dtype), s.rotary_dim, s.is_neox)
+    one = torch.ones((), device=DEVICE)
+    try:
+        vllm_ops.reshape_and_cache_flash(key, value, *views[1], slots, "auto", one, one)
+    except Exception as error:  # the op refusing these strides is an answer too
+        return f"{type(error).__name__}: {error}"[:300]
+    torch.cuda.synchronize()
+    return bool(torch.equal(caches[0], caches[1]))
 
 
 def section_jit(fa) -> dict:

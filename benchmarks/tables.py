@@ -218,6 +218,10 @@ def attention(data: dict) -> Iterator[str]:
             if "cpu_us" in r:
                 gpu = f"{r['gpu_ms'] * 1e3:.1f}" if "gpu_ms" in r else "- (syncs the host)"
                 yield (_row(r["piece"], str(r["docs"]), f"{r['cpu_us']:.0f}", gpu))
+        for r in data["dispatch"]:
+            if "equals_write_kv" in r:
+                equal = r["equals_write_kv"]
+                yield f"- {r['docs']} documents: vLLM's CUDA write into MiniPIC's layout equals write_kv: {equal}"
     if data.get("decode_configs"):
         yield ("\n" + _row("decode call", "BLOCK_N / warps / stages", "ms", "FA3 (ms)", "/ FA3"))
         yield (_row(*["---"] * 5))
