@@ -1248,6 +1248,8 @@ def test_the_one_launch_derivation_section_matches_its_results() -> None:
     def layer(data: dict, pieces: tuple[str, str], docs: int) -> str:
         return f"{sum(host_us(data, piece, docs) for piece in pieces):.0f}"
 
+    later = _result("attention-h100-95a8ec7-dispatch.json")
+    assert [r["equals_write_kv"] for r in later["dispatch"] if "equals_write_kv" in r] == [True, True]
     profile = _result("cached-ttft-h100-67d6def.json")
     assert profile["provenance"]["commit"] == "67d6def"
     assert "\n".join(tables.ttft(profile)) in section
@@ -1278,6 +1280,8 @@ def test_the_one_launch_derivation_section_matches_its_results() -> None:
         f"spends {layer(after, attention, 1)} and {layer(after, attention, 32)} us of host time",
         f"where stock spends {layer(after, write, 1)} and {layer(after, write, 32)}",
         "launches ({:.0f} and {:.0f} us".format(*(host_us(after, "triton_no_op_23_args", d) for d in (1, 32))),
+        "at vLLM's {:.0f} us a layer instead of {:.0f} and {:.0f}".format(
+            host_us(later, "stock_write_cuda", 1), *(host_us(later, "ours_write_kv", d) for d in (1, 32))),
         f"takes **{ms(pic[0], 'ttft_median_s')} ms against stock's {ms(pic[1], 'ttft_median_s')} ms** for the "
         f"same prompt fully cached ({pic[0]['ttft_median_s'] / pic[1]['ttft_median_s']:.2f}x); at one document "
         f"{ms(stock[0], 'ttft_median_s')} ms against {ms(stock[1], 'ttft_median_s')}",
