@@ -63,8 +63,10 @@ _STAGES = ("first_token_s", "queued_s", "prefill_s")
 def inclusive_samples(raw: Path) -> dict[str, Counter[str]]:
     """Per process: in how many samples each function was on the stack (py-spy's raw format)."""
     seen: dict[str, Counter[str]] = {}
-    for line in raw.read_text().splitlines():
+    for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
+        if not count.isdigit():  # a stack torn by sampling without pausing the process (`served.profiled`)
+            continue
         frames = stack.split(";")
         # py-spy nests a child's stack under its parents' process frames: the last one is the sampled process.
         process = next((f.split(":", 1)[1].strip('"')[:60] for f in reversed(frames) if f.startswith("process ")), "?")

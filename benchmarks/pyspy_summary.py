@@ -26,6 +26,8 @@ def summarise(raw: str, top: int) -> dict[str, dict]:
     frames: dict[str, Counter[str]] = {}
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
+        if not count.isdigit():  # a stack torn by sampling without pausing the process (`served.profiled`)
+            continue
         parts = stack.split(";")
         process = _PROCESS.match(parts[1]) if len(parts) > 1 else None
         name = process.group(1) if process else "api server (root process)"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from cached_ttft import inclusive_samples
 from pyspy_summary import summarise
 
 RAW = "\n".join([
@@ -26,3 +29,16 @@ def test_shares_are_per_process_and_count_a_frame_once_per_stack() -> None:
 
 def test_top_keeps_the_most_frequent_functions() -> None:
     assert [f for f, _ in summarise(RAW, top=1)["VLLM::EngineCore"]["functions"]] == ["run (core.py:10)"]
+
+
+def test_a_stack_torn_by_sampling_without_pausing_is_skipped() -> None:
+    """py-spy --nonblocking can read a stack mid-change: a line cut inside a frame name is left out."""
+    torn = RAW + '\nprocess 1:"python -m serve";process 2:"VLLM::EngineCore";run (vllm/core.py:10);\xf0 ('
+    assert summarise(torn, top=10) == summarise(RAW, top=10)
+
+
+def test_the_cached_request_profile_skips_torn_stacks_too(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(RAW + '\nprocess 1:"python -m serve";process 2:"VLLM::EngineCore";run (vllm/core.py:10);\xf0 (')
+    engine = inclusive_samples(raw)["VLLM::EngineCore"]
+    assert (engine["run"], engine["step"], engine["wait"]) == (8, 6, 2)
