@@ -417,25 +417,41 @@ def section_decode_configs(fa, fa_func, version) -> list[dict]:
     return rows
 
 
+def new_keys_and_values(s: Shape, block_table: torch.Tensor, first: int, tokens: int):
+    """``tokens`` new keys and values from positions ``first`` on of request 0, as strided slices of
+    a fused qkv projection (as the model hands them over), and their slots in ``block_table``."""
+    width = (s.num_q_heads + 2 * s.num_kv_heads) * s.head_size
+    qkv = torch.randn(tokens, width, device=DEVICE).to(s.dtype)
+    key = qkv[:, s.num_q_heads * s.head_size : (s.num_q_heads + s.num_kv_heads) * s.head_size]
+    value = qkv[:, (s.num_q_heads + s.num_kv_heads) * s.head_size :]
+    pos = torch.arange(first, first + tokens, device=DEVICE)
+    slots = block_table[0, pos // s.block_size].long() * s.block_size + pos % s.block_size
+    return key.view(tokens, s.num_kv_heads, s.head_size), value.view(tokens, s.num_kv_heads, s.head_size), slots
+
+
+def origin_writer(s: Shape, num_blocks: int):
+    """MiniPIC's cache write into a cache of ``num_blocks`` with every block at its origin (no
+    write shift: a copy, as vLLM's), its shift records and table made once, outside any timing:
+    ``(key, value, key_cache, value_cache, slots)``."""
+    from minipic_kernels.kv_write import write_kv
+
+    shifts = torch.zeros(num_blocks, dtype=torch.int32, device=DEVICE)
+    table = cos_sin_table(s, 16).to(s.dtype)
+    return lambda key, value, key_cache, value_cache, slots: write_kv(
+        key, value, key_cache, value_cache, slots, shifts, table, s.rotary_dim, s.is_neox)
+
+
 def section_kv_write() -> list[dict]:
     """MiniPIC's cache write against vLLM's own Triton write."""
     from vllm.v1.attention.ops.triton_reshape_and_cache_flash import triton_reshape_and_cache_flash
 
-    from minipic_kernels.kv_write import write_kv
-
     s, rows = LLAMA3, []
     for tokens in (256, 8192):
         batch = Batch(s, [(tokens, tokens)])
-        width = (s.num_q_heads + 2 * s.num_kv_heads) * s.head_size
-        qkv = torch.randn(tokens, width, device=DEVICE).to(s.dtype)
-        key = qkv[:, s.num_q_heads * s.head_size : (s.num_q_heads + s.num_kv_heads) * s.head_size]
-        value = qkv[:, (s.num_q_heads + s.num_kv_heads) * s.head_size :]
-        key = key.view(tokens, s.num_kv_heads, s.head_size)
-        value = value.view(tokens, s.num_kv_heads, s.head_size)
-        pos = torch.arange(tokens, device=DEVICE)
-        slots = batch.block_table[0, pos // s.block_size].long() * s.block_size + pos % s.block_size
+        key, value, slots = new_keys_and_values(s, batch.block_table, 0, tokens)
         one = torch.ones((), device=DEVICE)
-        ours = graph_ms(lambda: write_kv(key, value, batch.key_cache, batch.value_cache, slots))
+        write = origin_writer(s, batch.key_cache.shape[0])
+        ours = graph_ms(lambda: write(key, value, batch.key_cache, batch.value_cache, slots))
         stock = graph_ms(lambda: triton_reshape_and_cache_flash(key, value, batch.key_cache, batch.value_cache, slots,
                                                                 "auto", one, one))  # fmt: skip
         row = {"case": f"kv_write_{tokens}", "ours_ms": ours, "vllm_ms": stock, "ratio": ours / stock}
@@ -460,7 +476,6 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
 
     from vllm import _custom_ops as vllm_ops
 
-    from minipic_kernels.kv_write import write_kv
     from minipic_kernels.rotary_pages import rotate_into_pages
     from minipic_server.backends.common import PicAttentionMetadata, split_kv_cache
     from minipic_server.block_records import BlockRecords, derive_step
@@ -471,14 +486,8 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
         batch = Batch(s, [(docs * 1024 + q_len, q_len)], moved=1 << 20)  # every block 7 blocks from its origin
         plan, out = batch.plan(), torch.empty_like(batch.query)
         scratch = plan.routes.scratch
-        width = (s.num_q_heads + 2 * s.num_kv_heads) * s.head_size
-        qkv = torch.randn(q_len, width, device=DEVICE).to(s.dtype)
-        key = qkv[:, s.num_q_heads * s.head_size : (s.num_q_heads + s.num_kv_heads) * s.head_size]
-        key = key.view(q_len, s.num_kv_heads, s.head_size)
-        value = qkv[:, (s.num_q_heads + s.num_kv_heads) * s.head_size :].view(q_len, s.num_kv_heads, s.head_size)
-        pos = torch.arange(docs * 1024, docs * 1024 + q_len, device=DEVICE)
-        slots = (batch.block_table[0, pos // s.block_size].long() * s.block_size + pos % s.block_size)
-        shifts = torch.zeros(batch.key_cache.shape[0], dtype=torch.int32, device=DEVICE)
+        key, value, slots = new_keys_and_values(s, batch.block_table, docs * 1024, q_len)
+        write = origin_writer(s, batch.key_cache.shape[0])
         one = torch.ones((), device=DEVICE)
         kv_cache = torch.empty(batch.key_cache.shape[0], s.num_kv_heads, s.block_size, 2 * s.head_size,
                                dtype=s.dtype, device=DEVICE)  # fmt: skip
@@ -497,8 +506,7 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
         stock = stock_fa(batch, torch.empty_like(batch.query), fa_func, version)
         pieces = {
             "ours_attention": ours,
-            "ours_write_kv": lambda: write_kv(key, value, batch.key_cache, batch.value_cache, slots, shifts,
-                                              batch.key_cos_sin, s.rotary_dim, s.is_neox),
+            "ours_write_kv": lambda: write(key, value, batch.key_cache, batch.value_cache, slots),
             "ours_rotate_into_pages": lambda: rotate_into_pages(
                 batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin, batch.seq_lens,
                 scratch.page_start, scratch.kept_rank, batch.key_cos_sin, s.rotary_dim, s.is_neox,
@@ -513,8 +521,8 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
                 batch.block_table, batch.block_kind, batch.block_origin, batch.query_start_loc, batch.seq_lens,
                 s.block_size),
             "ours_derive_step": lambda: derive_step(step_metadata(), records, first_layer=True),
-            "torch_empty_pair": lambda: (torch.empty(scratch.num_pages * 16 * 8 * 128, dtype=s.dtype, device=DEVICE),
-                                         torch.empty(scratch.num_pages * 16 * 8 * 128, dtype=s.dtype, device=DEVICE)),
+            "torch_empty_pair": lambda: [torch.empty(scratch.num_pages, s.block_size, s.num_kv_heads, s.head_size,
+                                                     dtype=s.dtype, device=DEVICE) for _ in range(2)],
             "triton_no_op_23_args": lambda: _no_op_kernel[(1,)](*([out] * 9), *range(14), C0=1, C1=2, C2=3),
             "stock_fa3": stock,
             "stock_write_cuda": lambda: vllm_ops.reshape_and_cache_flash(
@@ -557,13 +565,12 @@ def _stock_write_matches_ours(key: torch.Tensor, value: torch.Tensor, slots: tor
     `write_kv` does, for blocks written at their origin? What an eager step could launch instead."""
     from vllm import _custom_ops as vllm_ops
 
-    from minipic_kernels.kv_write import write_kv
+    from minipic_server.backends.common import split_kv_cache
 
     caches = [torch.zeros(num_blocks, s.num_kv_heads, s.block_size, 2 * s.head_size, dtype=s.dtype, device=DEVICE)
               for _ in range(2)]  # fmt: skip
-    views = [cache.transpose(1, 2).split(s.head_size, dim=-1) for cache in caches]
-    shifts = torch.zeros(num_blocks, dtype=torch.int32, device=DEVICE)
-    write_kv(key, value, *views[0], slots, shifts, cos_sin_table(s, 16).to(s.dtype), s.rotary_dim, s.is_neox)
+    views = [split_kv_cache(cache) for cache in caches]
+    origin_writer(s, num_blocks)(key, value, *views[0], slots)
     one = torch.ones((), device=DEVICE)
     try:
         vllm_ops.reshape_and_cache_flash(key, value, *views[1], slots, "auto", one, one)

@@ -36,6 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_profile  # noqa: E402
 from engine_timeline import fetch_metrics  # noqa: E402
+from pyspy_summary import raw_stacks  # noqa: E402
 from served import (  # noqa: E402
     PYSPY_RATE,
     SERVERS,
@@ -63,15 +64,11 @@ _STAGES = ("first_token_s", "queued_s", "prefill_s")
 def inclusive_samples(raw: Path) -> dict[str, Counter[str]]:
     """Per process: in how many samples each function was on the stack (py-spy's raw format)."""
     seen: dict[str, Counter[str]] = {}
-    for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():  # a stack torn by sampling without pausing the process (`served.profiled`)
-            continue
-        frames = stack.split(";")
+    for frames, count in raw_stacks(raw.read_text(errors="replace")):
         # py-spy nests a child's stack under its parents' process frames: the last one is the sampled process.
         process = next((f.split(":", 1)[1].strip('"')[:60] for f in reversed(frames) if f.startswith("process ")), "?")
         for name in {f.split(" (")[0] for f in frames if not f.startswith(("process ", "thread "))}:
-            seen.setdefault(process, Counter())[name] += int(count)
+            seen.setdefault(process, Counter())[name] += count
     return seen
 
 

@@ -14,26 +14,32 @@ import argparse
 import json
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 _PROCESS = re.compile(r'process \d+:"([^"]*)"')
 _FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)$")
 
 
+def raw_stacks(raw: str) -> Iterator[tuple[list[str], int]]:
+    """Each stack of a raw profile as its frames and sample count, less the stacks torn by
+    sampling without pausing the process (`served.profiled`: a line cut inside a frame, no count)."""
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            yield stack.split(";"), int(count)
+
+
 def summarise(raw: str, top: int) -> dict[str, dict]:
     """``{process: {"samples": n, "functions": [[frame, share], ...]}}``, shares of that process's samples."""
     samples: Counter[str] = Counter()
     frames: dict[str, Counter[str]] = {}
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():  # a stack torn by sampling without pausing the process (`served.profiled`)
-            continue
-        parts = stack.split(";")
+    for parts, count in raw_stacks(raw):
         process = _PROCESS.match(parts[1]) if len(parts) > 1 else None
         name = process.group(1) if process else "api server (root process)"
-        samples[name] += int(count)
+        samples[name] += count
         seen = set(map(_short, parts[2 if process else 1 :]))
-        frames.setdefault(name, Counter()).update(dict.fromkeys(seen, int(count)))
+        frames.setdefault(name, Counter()).update(dict.fromkeys(seen, count))
     return {
         name: {
             "samples": total,
