@@ -35,7 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_profile  # noqa: E402
-from engine_timeline import fetch_metrics  # noqa: E402
+from engine_timeline import stage_means  # noqa: E402
 from pyspy_summary import raw_stacks  # noqa: E402
 from served import (  # noqa: E402
     PYSPY_RATE,
@@ -56,9 +56,6 @@ from minipic_client.client import pooled_transport  # noqa: E402
 from minipic_client.prompt import TECHNIQUES  # noqa: E402
 
 from provenance import provenance  # noqa: E402
-
-# The request-time histograms (`engine_timeline.METRICS` fields) a stage breakdown reads.
-_STAGES = ("first_token_s", "queued_s", "prefill_s")
 
 
 def inclusive_samples(raw: Path) -> dict[str, Counter[str]]:
@@ -83,11 +80,11 @@ def ms_per_request(samples: dict[str, Counter[str]], requests: int, top: int) ->
 
 async def stages(http: httpx.AsyncClient, model: str, token_ids: list[int], requests: int) -> dict:
     """TTFTs of ``requests`` sent one at a time, and the server's mean stage times per request."""
-    before = await fetch_metrics(http)
-    ttfts = [(await first_token_s(http, model, token_ids))[0] for _ in range(requests)]
-    await asyncio.sleep(0.5)  # the last request's histograms
-    after = await fetch_metrics(http)
-    mean = {f"server_{field}": (after[field] - before[field]) / requests for field in _STAGES}
+
+    async def send() -> list[float]:
+        return [(await first_token_s(http, model, token_ids))[0] for _ in range(requests)]
+
+    ttfts, mean = await stage_means(http, send(), requests)
     return {"ttft_median_s": statistics.median(ttfts), "ttft_quartiles_s": statistics.quantiles(ttfts, n=4), **mean}
 
 

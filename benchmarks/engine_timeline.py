@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -55,6 +57,21 @@ async def fetch_metrics(http: httpx.AsyncClient) -> dict[str, float]:
     response = await http.get("/metrics")
     response.raise_for_status()
     return read_metrics(response.text)
+
+
+T = TypeVar("T")
+# The request-time histograms a stage breakdown of single requests reads.
+STAGES = ("first_token_s", "queued_s", "prefill_s")
+
+
+async def stage_means(http: httpx.AsyncClient, requests: Awaitable[T], count: int = 1) -> tuple[T, dict[str, float]]:
+    """What ``requests`` (``count`` requests sent one at a time) returns, and the server's mean
+    `STAGES` per request over them: the histograms read before and once the last one's are in."""
+    before = await fetch_metrics(http)
+    result = await requests
+    await asyncio.sleep(0.5)  # the last request's histograms
+    after = await fetch_metrics(http)
+    return result, {f"server_{field}": (after[field] - before[field]) / count for field in STAGES}
 
 
 class Sampler:

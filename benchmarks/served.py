@@ -58,6 +58,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_timeline  # noqa: E402
 import gpu_profile  # noqa: E402
+from engine_timeline import stage_means  # noqa: E402
 from workload import SYSTEM, draw_samples, question_for  # noqa: E402
 
 from minipic_client import SpanClient  # noqa: E402
@@ -269,10 +270,13 @@ async def figure2(url: str, server: Server, docs_1k: list[str], args) -> list[di
                     started = time.perf_counter()
                     await asyncio.gather(*(first_token_s(http, model, list(p.token_ids)) for p in layout.prefills))
                     preload_s = time.perf_counter() - started
-                    cached_s, usage = await first_token_s(http, model, layout.token_ids)
-                    # The same request once more: what the first after a preload pays that a repeat does not.
-                    again_s, _ = await first_token_s(http, model, layout.token_ids)
+                    final = layout.token_ids
+                    (cached_s, usage), cached_stages = await stage_means(http, first_token_s(http, model, final))
+                    # The same request once more: what the first after a preload pays that a repeat does not,
+                    # and where (vLLM's request-time histograms of each).
+                    (again_s, _), again_stages = await stage_means(http, first_token_s(http, model, final))
                     row = {"k": k, "rep": rep, "pic_cached_ttft_s": cached_s, "pic_cached_again_ttft_s": again_s,
+                           "pic_cached_stages": cached_stages, "pic_cached_again_stages": again_stages,
                            "preload_s": preload_s,
                            "pic_spans_computed_ttft_s": computed_s,
                            "pic_cached_ttft_sdk_s": await sdk_ttft_s(url, server, args, client, request),
