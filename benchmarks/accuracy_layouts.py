@@ -96,6 +96,12 @@ register("leadin_refreshed_heads", "refreshed heads after a fixed lead-in `Depen
 register("lead_text_leadin_refreshed_heads", "the first passage as plain text, then the fixed header `Dependent` "
          "('Passages:'), the others as refreshed heads",
          technique=lambda ctx: TECHNIQUES["lead-text-header-refreshed-heads"])  # fmt: skip
+register("lead2_text_leadin_refreshed_heads", "the first two passages as plain text, then the fixed header `Dependent` "
+         "('Passages:'), the others as refreshed heads",
+         technique=lambda ctx: minipic_client.LeadInContext(lead=2, as_text=True, header="Passages:\n"))  # fmt: skip
+register("lead_text_repeat_refreshed_heads", "the first passage as plain text, then every passage, the first again, "
+         "as refreshed heads: the slot after in-context text holds a passage the prompt has in context",
+         technique=lambda ctx: RepeatedLead(minipic_client.RefreshedHeads()))  # fmt: skip
 register("full_task_first", "plain prompt with the question also before the passages: full attention",
          task_first=True)  # fmt: skip
 register("refreshed_heads_task_first", "the question also before the passages, as text continuing the prefix, so "
@@ -112,6 +118,19 @@ register_sdk("hidden_sink", "HiddenSink",
 register_sdk("prefix_sink", "PrefixSink",
              "Block-Attention whose spans open with a hidden copy of the prefix's last block-1 tokens: each passage "
              "computed as if it came first")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RepeatedLead:
+    """The first passage as plain text continuing the prefix, then every passage, the first
+    again, as `rest` lays them out. The span right after in-context text answers worst, whatever
+    it holds (docs/accuracy.md): here it holds the passage the prompt already has in context,
+    and every passage keeps its cached span."""
+
+    rest: Technique
+
+    def documents(self, docs: Sequence[str]) -> list[Part]:
+        return [Text(docs[0]), *self.rest.documents(docs)] if docs else []
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-header-synthetic.json": 3,  # synthetic facts: full, text first, with the header
     "accuracy-families-smollm2-h200-header-task-first.json.gz": 24,  # 3 families x 8 layouts
     "accuracy-families-smollm2-cpu-trailing-heads.json": 2,  # single facts: full, heads after the passages
+    "accuracy-families-smollm2-cpu-repeat-lead.json": 2,  # single facts: full, the first passage again as a span
 }
 
 
@@ -450,6 +451,29 @@ def test_the_text_lead_runs_places_and_pairing_match_their_results() -> None:
             f"refreshed heads {refreshed_first}), and {others[2]} of the {others[0]} others (full {others[1]})") in doc
     assert f"{gained} answers turn right and {lost} wrong (exact McNemar p={mcnemar_exact(gained, lost):.2f})" in doc
     assert f"the {100 * (gained - lost) / len(verdicts):.1f}-point gain over refreshed heads" in doc
+
+
+def test_the_repeated_lead_runs_places_and_pairing_match_their_results() -> None:
+    """docs/accuracy.md on `lead_text_repeat_refreshed_heads`: by place beside the earlier runs on
+    the same questions (full attention's verdicts equal), and against the first passage as text."""
+    repeat, text_lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+                         for run in ("repeat-lead", "lead-text"))  # fmt: skip
+    assert all(a["answers"]["full"]["correct"] == b["answers"]["full"]["correct"] for a, b in zip(repeat, text_lead))
+    places = {p: [*row, _by_place("accuracy-families-smollm2-cpu-lead.json", ["refreshed_heads"])[p][1],
+                  _by_place("accuracy-families-smollm2-cpu-lead-text.json", ["lead_text_refreshed_heads"])[p][1]]
+              for p, row in _by_place("accuracy-families-smollm2-cpu-repeat-lead.json",
+                                      ["full", "lead_text_repeat_refreshed_heads"]).items()}  # fmt: skip
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for place, (questions, full, repeated, refreshed, text) in places.items():
+        assert f"| {place} | {questions} | {full} | {refreshed} | {text} | {repeated} |" in doc, place
+    verdicts = [(a["answers"]["lead_text_repeat_refreshed_heads"]["correct"],
+                 b["answers"]["lead_text_refreshed_heads"]["correct"]) for a, b in zip(repeat, text_lead, strict=True)]
+    gained, lost = _discordant(verdicts)
+    questions, full, repeated, refreshed, text = places[2]
+    doc = " ".join(doc.split())
+    assert (f"({repeated} of {questions} against {text} without it; refreshed heads {refreshed}, "
+            f"full attention {full})") in doc
+    assert f"{gained} answers turn right and {lost} wrong (exact McNemar p={mcnemar_exact(gained, lost):.2f})" in doc
 
 
 def test_the_h200_run_of_1000_questions_by_place_and_pairings_match_its_results() -> None:
