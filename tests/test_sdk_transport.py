@@ -20,7 +20,7 @@ from minipic_client import (
     StreamInterruptedError,
     TransportError,
 )
-from minipic_client.transport import Connection
+from minipic_client.transport import Connection, _without_prompt_echo
 
 pytest_plugins = ["sdk_fixtures"]  # fake_server, fake_client, client_tokenizer
 
@@ -334,3 +334,24 @@ async def test_an_outage_under_load_is_summarised_not_logged_per_retry(fake_serv
     assert re.fullmatch(r"the server answers again after 0\.\d s \(\d+ requests retried\)", messages[1])
     retried = int(re.search(r"\((\d+) requests", messages[1])[1])
     assert retried > 8  # every request retried, most of them more than once
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"choices": [{"index": 0, "text": 'say "prompt_token_ids":[1] ]', "prompt_token_ids": [7, 8, 9],
+                      "token_ids": [5]}], "usage": None},
+        {"choices": [{"index": 0, "text": "a", "prompt_token_ids": [], "token_ids": []}]},
+        {"choices": [{"index": 0, "text": "b", "prompt_token_ids": None, "token_ids": [3]}]},
+        {"choices": [{"index": 0, "text": "c", "token_ids": [3]}]},
+    ],
+)
+def test_a_streamed_event_reads_the_same_without_the_echoed_prompt(event: dict) -> None:
+    """The first event's echoed prompt token ids (which the client never reads) are cut before
+    parsing; every other field, and text that quotes the key, reads as before."""
+    for data in (json.dumps(event, separators=(",", ":")), json.dumps(event)):
+        parsed = json.loads(_without_prompt_echo(data))
+        expected = json.loads(data)
+        if "prompt_token_ids" in expected["choices"][0] and data.find('"prompt_token_ids":[') >= 0:
+            expected["choices"][0]["prompt_token_ids"] = None
+        assert parsed == expected
