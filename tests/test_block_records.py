@@ -84,3 +84,18 @@ def test_the_worker_sets_shipped_records_and_derives_the_step_from_them() -> Non
     assert metadata.step.moved.tolist() == [1, 0]
     with pytest.raises(MiniPICConfigError, match="made for 8"):
         records.ensure(9)
+
+
+def test_the_host_knows_whether_any_block_is_stored_away_from_where_it_is_computed() -> None:
+    """Eager steps write with vLLM's kernel only while no block has a write shift: the host copy
+    follows every record shipped, a block listed twice included, without reading the device."""
+    records = BlockRecords(torch.device("cpu"))
+    records.apply(StepRecords(8, [3, 5], [BlockKind.PLAIN, BlockKind.PLAIN], [0, 1], [0, 0]))
+    assert not records.any_write_shift
+    records.apply(StepRecords(8, [6, 7], [BlockKind.SSEP, BlockKind.PLAIN], [0, 1], [2, 2]))
+    assert records.any_write_shift
+    records.apply(StepRecords(8, [6], [BlockKind.PLAIN], [4], [0]))  # block 6 reallocated at its origin
+    assert records.any_write_shift  # block 7 still shifted
+    records.apply(StepRecords(8, [7, 7], [BlockKind.PLAIN, BlockKind.PLAIN], [5, 5], [0, 0]))
+    assert not records.any_write_shift
+    assert records.write_shift.tolist() == [0] * 8

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from minipic_kernels.step_tensors import derive_step_tensors, derive_step_tensors_reference
@@ -38,6 +39,10 @@ class BlockRecords:
         self.kind = torch.zeros(0, dtype=torch.int8, device=device)
         self.origin = torch.zeros(0, dtype=torch.int32, device=device)
         self.write_shift = torch.zeros(0, dtype=torch.int32, device=device)
+        # A host copy of the write shifts: whether any block is stored away from where it is
+        # computed, known without a sync (an eager step writes with vLLM's own kernel when none is).
+        self._host_write_shift = np.zeros(0, dtype=np.int32)
+        self.any_write_shift = False
 
     def ensure(self, num_blocks: int) -> None:
         """Allocate once the cache size is known; the tensors then never move (CUDA graphs read them)."""
@@ -50,6 +55,7 @@ class BlockRecords:
         self.kind = torch.zeros(num_blocks, dtype=torch.int8, device=self.device)
         self.origin = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
         self.write_shift = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
+        self._host_write_shift = np.zeros(num_blocks, dtype=np.int32)
 
     def apply(self, step: StepRecords) -> None:
         """Set the records the scheduler shipped with this step (one host-to-device copy).
@@ -69,6 +75,9 @@ class BlockRecords:
         self.kind.index_copy_(0, ids, packed[1].to(torch.int8))
         self.origin.index_copy_(0, ids, packed[2])
         self.write_shift.index_copy_(0, ids, packed[3])
+        # A block listed twice is a cached one two requests read: only a block being written needs its shift.
+        self._host_write_shift[step.block_ids] = step.write_shifts
+        self.any_write_shift = bool(self._host_write_shift.any())
 
 
 def derive_step(metadata: Any, records: BlockRecords, *, first_layer: bool) -> None:

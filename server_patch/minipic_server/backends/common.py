@@ -110,6 +110,10 @@ def refuse_unsupported_features(
         raise MiniPICConfigError(f"MiniPIC attention does not support {', '.join(found)}")
 
 
+def _capturing(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Key and value views ``(num_blocks, block_size, num_kv_heads, head_size)`` of a layer's cache.
 
@@ -158,6 +162,10 @@ class PositionFreeAttention:
     _kv_views: tuple[weakref.ref[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     # The backend's cache write, `minipic_kernels.reference.write_kv_reference`'s signature.
     cache_write: ClassVar[Callable[..., None]]
+    # A cheaper write for steps where no block is stored away from where it is computed (every
+    # write shift 0): ``(key, value, key_cache, value_cache, slot_mapping)``. Eager steps only: a
+    # captured graph keeps whichever write it was captured with, so it captures `cache_write`.
+    plain_cache_write: Callable[..., None] | None = None
 
     def attend(
         self,
@@ -184,6 +192,9 @@ class PositionFreeAttention:
         rope, records = self.linked()
         records.ensure(kv_cache.shape[0])
         key_cache, value_cache = self.kv_views(kv_cache)
+        if self.plain_cache_write is not None and not records.any_write_shift and not _capturing(kv_cache):
+            self.plain_cache_write(key, value, key_cache, value_cache, slot_mapping)
+            return
         self.cache_write(
             key, value, key_cache, value_cache, slot_mapping, records.write_shift, rope.unit_cos_sin,
             rope.rotary_dim, rope.is_neox,

@@ -2,11 +2,13 @@
 
 The cache layout and its allocation come from vLLM's TRITON_ATTN backend. The KV write
 is `minipic_kernels.kv_write.write_kv` (keys as the model rotated them, one launch like
-vLLM's own write). Attention is `minipic_kernels.attention.paged_rope_attention`: decode
-rows by MiniPIC's Triton kernel, window-free prefill by vLLM's FlashAttention-3 (over the
-cache itself when every block sits where it was computed, over scratch pages for requests
-reading a cached span elsewhere or skipping only hidden heads before all their rows),
-prefill with span windows by MiniPIC's tile kernel.
+vLLM's own write), or vLLM's CUDA write itself in eager steps while no block is stored away
+from where it is computed (`PositionFreeAttention.plain_cache_write`). Attention is
+`minipic_kernels.attention.paged_rope_attention`: decode rows by MiniPIC's Triton kernel,
+window-free prefill by vLLM's FlashAttention-3 (over the cache itself when every block sits
+where it was computed, over scratch pages for requests reading a cached span elsewhere or
+skipping only hidden heads before all their rows), prefill with span windows by MiniPIC's
+tile kernel.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         bind_impl_args(TritonAttentionImpl.__init__, args, kwargs)
         super().__init__(*args, **kwargs)
+        self.plain_cache_write = vllm_cache_write()
         self.paged_attention: PagedAttention | None = None
         self._paged_attention_for: torch.dtype | None = None
 
@@ -143,6 +146,24 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
     def profile(self, query: torch.Tensor) -> None:
         if query.is_cuda and not torch.cuda.is_current_stream_capturing():
             torch.empty(SCRATCH_BUDGET_BYTES, dtype=torch.uint8, device=query.device)
+
+
+def vllm_cache_write() -> Callable[..., None]:
+    """vLLM's CUDA cache write (`release.stock_cache_write`) with unit scales (MiniPIC refuses
+    quantized KV caches), as `PositionFreeAttention.plain_cache_write`."""
+    write = release.stock_cache_write()
+    unit_scales: dict[torch.device, torch.Tensor] = {}
+
+    def plain_cache_write(
+        key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:  # fmt: skip
+        one = unit_scales.get(key.device)
+        if one is None:
+            one = unit_scales[key.device] = torch.ones((), dtype=torch.float32, device=key.device)
+        write(key, value, key_cache, value_cache, slot_mapping, "auto", one, one)
+
+    return plain_cache_write
 
 
 def flash_attention_for(dtype: torch.dtype, head_size: int) -> PagedAttention | None:

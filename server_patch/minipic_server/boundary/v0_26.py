@@ -66,6 +66,15 @@ def fa3_forward(head_size: int) -> Callable[..., Any] | None:
     return op
 
 
+def stock_cache_write() -> Callable[..., Any]:
+    """vLLM's CUDA cache write (``reshape_and_cache_flash``): it fills MiniPIC's strided K/V views
+    exactly as `minipic_kernels.kv_write.write_kv` does for blocks written at their origin
+    (`benchmarks/attention_kernel.py --sections dispatch`), at a quarter of its host time."""
+    from vllm import _custom_ops
+
+    return _custom_ops.reshape_and_cache_flash
+
+
 def only_here() -> tuple[Intervention, ...]:
     """This release's own entries of the boundary table, marked with the release."""
     return tuple(replace(entry, versions=(VERSION,)) for entry in ENTRIES)
@@ -124,6 +133,10 @@ ENTRIES: tuple[Intervention, ...] = (
     override(f"{TRITON_ATTN}:TritonAttentionImpl.do_kv_cache_update",
              "PicTritonAttentionImpl writes the cache with its own warmed-up kernel",
              ("self", "layer", "key", "value", "kv_cache", "slot_mapping")),
+    use("vllm._custom_ops:reshape_and_cache_flash",
+        "an eager step with no block stored away from where it is computed writes the cache with vLLM's CUDA "
+        "write (`stock_cache_write`)",
+        ("key", "value", "key_cache", "value_cache", "slot_mapping", "kv_cache_dtype", "k_scale", "v_scale")),
     override(f"{TRITON_ATTN}:TritonAttentionImpl.fused_rope_kvcache_supported",
              "PicTritonAttentionImpl says no: it writes the cache itself", ("self",)),
 )  # fmt: skip

@@ -44,6 +44,11 @@ def fa3_forward(head_size: int) -> Callable[..., Any] | None:
     return None
 
 
+def stock_cache_write() -> None:
+    """The CPU backend writes with `write_kv_reference` only."""
+    return None
+
+
 def only_here() -> tuple[Intervention, ...]:
     """This release's own entries of the boundary table, marked with the release."""
     return tuple(replace(entry, versions=(VERSION,)) for entry in ENTRIES)
