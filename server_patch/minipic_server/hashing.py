@@ -110,7 +110,12 @@ def make_pic_block_hasher(
     span_runs = _SpanRuns(span_blocks_kept)
 
     def extra_keys_of(request: Request, first: int, end: int) -> list[tuple[Any, ...] | None]:
-        """vLLM's extra keys of blocks ``first`` to ``end`` (exclusive), as vLLM computes them per block."""
+        """vLLM's extra keys of blocks ``first`` to ``end`` (exclusive), as vLLM computes them per
+        block. Whatever gives a block extra keys (a LoRA, a multimodal input or prompt embeddings
+        overlapping it, the salt at token 0) gives them to a run holding it, so a run with none
+        needs one call, not one a block (a 35k-token prompt's blocks took 1.3 ms of 1.9 here)."""
+        if generate_block_hash_extra_keys(request, first * block_size, end * block_size, 0)[0] is None:
+            return [None] * (end - first)
         return [generate_block_hash_extra_keys(request, b, b + block_size, 0)[0]
                 for b in range(first * block_size, end * block_size, block_size)]  # fmt: skip
 

@@ -1,14 +1,17 @@
-"""The one way MiniPIC changes vLLM: wrap a class attribute that vLLM looks up at call time."""
+"""The one way MiniPIC changes vLLM: wrap a class or module attribute that vLLM looks up at call time."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
 
-def wrap_attribute(owner: type, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def wrap_attribute(
+    owner: type | types.ModuleType, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> None:
     """Replace ``owner.name`` by ``wrapper(original)``, once per process.
 
     vLLM calls plugin ``register()`` several times per process, so repeat calls are

@@ -254,7 +254,8 @@ def patch_instance(entry: Intervention, obj: object, value: Any) -> None:
     setattr(obj, entry.attribute, value)
 
 
-def _owner(entry: Intervention) -> type:
+def _owner(entry: Intervention) -> Any:
+    """The class holding the target, or its module for a module-level name."""
     declared = _resolve(entry.module, entry.qualname.rpartition(".")[0])
     if not entry.on_current_platform:
         return declared
@@ -274,6 +275,6 @@ def _load(reference: str | None) -> Callable[..., Any]:
 
 def _resolve(module: str, qualname: str) -> Any:
     value: Any = importlib.import_module(module)
-    for part in qualname.split("."):
+    for part in filter(None, qualname.split(".")):
         value = getattr(value, part)
     return value

@@ -102,6 +102,9 @@ ENTRIES: tuple[Intervention, ...] = (
       for name in ("req_id_to_index", "prefill_len", "num_computed_tokens")),
     *(use(f"vllm.v1.worker.gpu.model_runner:GPUModelRunner.{name}", "gapped hits")
       for name in ("vllm_config", "req_states")),
+    wrap("vllm.v1.worker.gpu.buffer_utils:async_tensor_h2d", "minipic_server.token_staging:wrap_async_tensor_h2d",
+         "the V2 runner stages a new request's token ids through numpy (torch.tensor took 100 ns a token)",
+         ("data", "device", "dtype")),
     use("vllm.v1.core.sched.output:CachedRequestData.num_computed_tokens",
         "gapped hits (the step's cached requests and their ids: shared entries, `table`)"),
     *(override(f"{TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", ())
