@@ -148,7 +148,7 @@ class Batch:
         s = self.shape
         return plan_step(
             [q for _, q in self.reqs], [n for n, _ in self.reqs], max_seq_len=max(n for n, _ in self.reqs),
-            block_size=s.block_size, group=s.num_q_heads // s.num_kv_heads,
+            block_size=s.block_size, group=s.num_q_heads // s.num_kv_heads, head_size=s.head_size,
             page_bytes=2 * s.block_size * s.num_kv_heads * s.head_size * torch.finfo(s.dtype).bits // 8,
             scratch_budget_bytes=budget,
         )  # fmt: skip

@@ -41,8 +41,10 @@ def test_only_hidden_blocks_inside_a_request_flag_it_for_the_hidden_mask() -> No
 
 
 def _plan(query_lens: list[int], seq_lens: list[int], budget: int = 1 << 30):
-    return plan_step(query_lens, seq_lens, max_seq_len=max(seq_lens), block_size=BS, group=4, page_bytes=1000,
-                     scratch_budget_bytes=budget)  # fmt: skip
+    """Head size 256, 4 query heads a kv head: decode takes up to 4 tokens, the short launch up
+    to 16 (a 64-row tile), longer requests are routed."""
+    return plan_step(query_lens, seq_lens, max_seq_len=max(seq_lens), block_size=BS, group=4, head_size=256,
+                     page_bytes=1000, scratch_budget_bytes=budget)  # fmt: skip
 
 
 def _routed(plan: StepPlan, masked: list[bool], misplaced: list[bool], seq_lens: list[int]) -> StepPlan:
@@ -89,8 +91,22 @@ def test_rows_cover_requests_the_device_tensors_pad_and_kinds_without_requests_l
 
 def test_a_step_without_prefill_needs_no_routing() -> None:
     plan = _plan([1, 2], [70, 33])
-    assert not plan.has_prefill
+    assert not plan.has_prefill and not plan.has_short
     assert _routed(plan, [True, True], [True, True], [70, 33]) is plan
+
+
+def test_short_requests_take_the_short_launch_and_need_no_routing() -> None:
+    """A cached prompt's last few tokens (5 to 16 here) over moved or windowed keys: neither
+    scratch pages nor a host sync; a longer request beside them is routed as before."""
+    plan = _plan([1, 5, 16], [70, 900, 33])
+    assert plan.has_decode and plan.has_short and not plan.has_prefill
+    assert _routed(plan, [False, True, False], [True, True, True], [70, 900, 33]) is plan
+    plan = _plan([5, 17], [900, 90])
+    assert plan.has_short and plan.has_prefill
+    routes = _routed(plan, [False, False], [True, True], [900, 90]).routes
+    assert routes is not None and routes.scratch is not None and routes.at_origin is None and routes.tiles is None
+    assert routes.scratch.query_used.tolist() == [0, 17]
+    assert routes.scratch.page_start.tolist() == [-1, 0]  # no pages for the short request
 
 
 # Physical blocks of a refreshed-heads prompt: [plain prefix][PDep head][HSep span, 2 blocks]
@@ -154,9 +170,9 @@ def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_ov
 def test_moved_requests_keep_every_block_on_scratch() -> None:
     """A misplaced window-free request reads all its blocks in logical order, a hidden head its
     rows see (a span's own, at window 0) included."""
-    step = _step([[3, 4]], [(2 * BS, BS)], moved=[True])
+    step = _step([[3, 4]], [(2 * BS, BS + 1)], moved=[True])
     assert not step.masked.any() and not step.compactable.any()
-    routes = _plan([BS], [2 * BS]).routed(step).routes
+    routes = _plan([BS + 1], [2 * BS]).routed(step).routes
     assert routes is not None and routes.scratch is not None
     assert _pages(routes.scratch) == [[0, 1, -1, -1, -1, -1, -1, -1]]
     assert routes.scratch.seq_used.tolist() == [2 * BS]

@@ -147,9 +147,10 @@ P, S, D, H = BlockKind.PLAIN, BlockKind.SSEP, BlockKind.PDEP, BlockKind.HSEP
 REFRESHED, REFRESHED_AT_0 = (P, D, H, P, D, H, D), (H, P, D, H, D)
 # A step of 16-token blocks: two final prompts computing only their question (every row outside
 # spans: the stock kernel over scratch pages without their hidden heads), a whole prompt computed
-# (span rows: tiles), a plain prefill, a decode after a final prompt and an SSep span's rows (tiles).
-REFRESHED_STEP = [(130, 30), (100, 20), (120, 120), (64, 64), (70, 1), (50, 17)]
-REFRESHED_STEP_LAYOUTS = (REFRESHED, REFRESHED_AT_0, REFRESHED, (), REFRESHED, (P, S, P, D))
+# (span rows: tiles), a plain prefill, a decode after a final prompt, an SSep span's rows (tiles)
+# and a final prompt's last few tokens (the short launch, hidden heads masked).
+REFRESHED_STEP = [(130, 34), (100, 36), (120, 120), (64, 64), (70, 1), (50, 40), (130, 12)]
+REFRESHED_STEP_LAYOUTS = (REFRESHED, REFRESHED_AT_0, REFRESHED, (), REFRESHED, (P, S, P, D), REFRESHED)
 MIXED = [(37, 37), (70, 1), (50, 20), (16, 1), (90, 3)]
 ONE_HIDDEN = [(90, 1), (70, 1), (100, 1), (50, 2)]
 MOVED_DECODE = [(100, 1), (37, 1), (64, 2)]
@@ -190,8 +191,17 @@ CASES = [
          decode=AttentionConfig(16, 64, 4, 1, num_splits=1), seed=22),
     Case("f32_host_upper_bounds", DENSE, group=2, mode="dense", host_upper_bounds=40, seed=23),
     # Many short prefills: tile ids leave gaps between requests, so the grid must cover them all.
-    Case("f32_many_short_prefills", [(96 + 16 * (i % 4) + i, 10) for i in range(16)], group=2, prefill=None,
+    Case("f32_many_short_prefills", [(96 + 16 * (i % 4) + i, 40) for i in range(16)], group=2, prefill=None,
          decode=None, seed=26),
+    # Short requests (more tokens than decode takes, at most SHORT_QUERY_TOKENS): the decode
+    # kernel with a tile's rows, keys split, over moved, windowed and hidden blocks, beside
+    # decodes and routed prefill.
+    Case("f32_short_moved_splits", [(300, 20), (120, 1), (200, 32)], group=2, kinds="plain",
+         misplaced=1.0, seed=27),
+    Case("f32_short_windows_hidden_g4", [(160, 30), (75, 5), (64, 64), (140, 17)], group=4, kinds="hidden",
+         seed=28),
+    Case("f16_short_dense_d128", [(150, 150), (200, 20), (90, 1), (120, 40), (96, 9)], group=4, head_size=128,
+         dtype=F16, misplaced=0.7, mode="dense", prefill=None, decode=None, seed=29),
     # Hidden (HSep) blocks: masked in tiles and decode, moved and at origin; with a stock kernel,
     # the requests whose rows must skip one go to the tile kernel, or, their rows all outside
     # spans, to the stock kernel over scratch pages without it.
@@ -250,7 +260,8 @@ def _run_case(case: Case) -> dict:
         key_cache = inputs["key_cache"]
         extra["plan"] = plan_step(
             [b - a for a, b in zip(qsl, qsl[1:])], lengths, max_seq_len=max(lengths), block_size=case.block_size,
-            group=case.group, page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
+            group=case.group, head_size=key_cache.shape[-1],
+            page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=1 << 30,
         )  # fmt: skip
     paged_rope_attention(**inputs, output=out, **extra)
@@ -427,7 +438,7 @@ def refreshed_heads_on_the_stock_kernel_case() -> dict:
 
     out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
     max_err = float((out - paged_rope_attention_reference(**inputs)).abs().nan_to_num(float("inf")).max())
-    compacted = [s[:2] for q, s in launches if q == [30, 20, 0, 0, 0, 0]]
+    compacted = [s[:2] for q, s in launches if q == [34, 36, 0, 0, 0, 0, 0]]
     ok = max_err <= 1e-3 and compacted == [[130 - 32, 100 - 32]]
     return {"name": "refreshed_heads_on_the_stock_kernel", "ok": ok, "max_err": max_err, "tol": 1e-3,
             "detail": f"launches={launches}"}  # fmt: skip
@@ -549,7 +560,7 @@ def warm_up_coverage(steps: int = 16, seed: int = 0) -> dict:
     freqs = torch.outer(torch.arange(4096, dtype=torch.float32), inv_freq)  # a server-length table
     cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     rng = random.Random(seed)
-    limit = triton_attention.decode_query_limit(shape.num_q_heads // shape.num_kv_heads)
+    limit = triton_attention.short_query_limit(shape.num_q_heads // shape.num_kv_heads, shape.head_size)
     missing, warmed, stepped = [], 0, 0
     for paged_attention in (None, paged_causal_attention_reference):
         warm = _launches(lambda: warmup.warm_up(shape, cos_sin, 0.125, paged_attention))

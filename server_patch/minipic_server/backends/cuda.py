@@ -61,6 +61,7 @@ class PicCudaMetadataBuilder(PicMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         num_heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
         self.group = num_heads // kv_cache_spec.num_kv_heads
+        self.head_size = kv_cache_spec.head_size
         self.page_bytes = kv_cache_spec.page_size_bytes
 
     def build(
@@ -79,6 +80,7 @@ class PicCudaMetadataBuilder(PicMetadataBuilder):
             max_seq_len=m.max_seq_len,
             block_size=self.block_size,
             group=self.group,
+            head_size=self.head_size,
             page_bytes=self.page_bytes,
             scratch_budget_bytes=SCRATCH_BUDGET_BYTES,
         )

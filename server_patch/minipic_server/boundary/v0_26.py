@@ -118,7 +118,7 @@ ENTRIES: tuple[Intervention, ...] = (
     *(use(f"{ATTN}:CommonAttentionMetadata.{name}", "the CUDA builder's step plan")
       for name in ("query_start_loc_cpu", "seq_lens_cpu_upper_bound", "num_reqs")),
     *(use(f"vllm.v1.kv_cache_interface:AttentionSpec.{name}", "the CUDA builder's step plan")
-      for name in ("page_size_bytes", "num_kv_heads")),
+      for name in ("page_size_bytes", "num_kv_heads", "head_size")),
     use("vllm.config.model:ModelConfig.get_num_attention_heads", "the CUDA builder's step plan",
         keywords=("parallel_config",)),
     use("vllm.v1.attention.backends.fa_utils:is_flash_attn_varlen_func_available",
