@@ -113,6 +113,7 @@ def routed_app(monkeypatch: pytest.MonkeyPatch, active: bool) -> tuple[FastAPI, 
     [
         (True, {"prompt": [5, 6, 7]}, {}, "fast"),
         (True, {"prompt": [[5, 6], [7]]}, {}, "fast"),
+        (True, {"prompt": [[5, 6], []]}, {}, "vllm"),  # an empty prompt among them: vLLM decides
         (True, {"prompt": "some text"}, {}, "vllm"),
         (True, {"prompt": [5, 6.0]}, {}, "vllm"),  # pydantic takes 6.0 as 6; the fast route does not
         (True, {"prompt": [5, 6]}, {"content-type": "application/json; charset=utf-8"}, "fast"),
@@ -133,9 +134,11 @@ async def test_a_body_vllm_refuses_gets_vllms_own_answer(monkeypatch: pytest.Mon
     app, answered = routed_app(monkeypatch, active=True)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
         refused = await client.post("/v1/completions", json={"prompt": [-1]})
+        mixed = await client.post("/v1/completions", json={"prompt": [[5, 6], 7]})
         plain = {"content-type": "text/plain"}
         not_json = await client.post("/v1/completions", content=b'{"prompt": [1]}', headers=plain)
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][:2] == ["body", "prompt"]
+    assert mixed.status_code == 422 and mixed.json()["detail"][0]["loc"][:2] == ["body", "prompt"]
     assert not_json.status_code == 422 and answered == []
 
 

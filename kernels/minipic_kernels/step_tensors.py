@@ -43,6 +43,11 @@ _HSEP = tl.constexpr(int(BlockKind.HSEP))
 _OUTSIDE_SPANS = tl.constexpr(OUTSIDE_SPANS)
 
 
+def _flag_row(row: int, doc: str) -> property:
+    """`StepTensors.flags` row ``row``: one int8 per request."""
+    return property(lambda self: self.flags[row], doc=doc)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTensors:
     """Per step, from the block records and the step's tables and lengths (all on the device).
@@ -55,25 +60,11 @@ class StepTensors:
     kept_len: torch.Tensor  # (num_reqs,) int32: the length less the hidden blocks a compactable request skips
     kept_rank: torch.Tensor  # (num_reqs, max_blocks) int32: each kept block's place among them, -1: not kept
 
-    @property
-    def moved(self) -> torch.Tensor:
-        """int8 per request: reads a block away from its origin (`misplaced_requests`)."""
-        return self.flags[MOVED]
-
-    @property
-    def hidden(self) -> torch.Tensor:
-        """int8 per request: a hidden block among its keys (`requests_with_hidden`)."""
-        return self.flags[HIDDEN]
-
-    @property
-    def masked(self) -> torch.Tensor:
-        """int8 per request: a row sees less than causal (`requests_with_masks`)."""
-        return self.flags[MASKED]
-
-    @property
-    def compactable(self) -> torch.Tensor:
-        """int8 per request: masked only by hidden blocks before its rows (`compactable_requests`)."""
-        return self.flags[COMPACTABLE]
+    moved = _flag_row(MOVED, "int8 per request: reads a block away from its origin (`misplaced_requests`).")
+    hidden = _flag_row(HIDDEN, "int8 per request: a hidden block among its keys (`requests_with_hidden`).")
+    masked = _flag_row(MASKED, "int8 per request: a row sees less than causal (`requests_with_masks`).")
+    compactable = _flag_row(COMPACTABLE, "int8 per request: masked only by hidden blocks before its rows "
+                            "(`compactable_requests`).")
 
 
 def derive_step_tensors_reference(

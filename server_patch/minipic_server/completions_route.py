@@ -25,6 +25,7 @@ from minipic_server import boundary
 
 COMPLETIONS_ROUTE = "/v1/completions"
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
+TokenIds = Annotated[list[TokenId], msgspec.Meta(min_length=1)]
 _DECODE = msgspec.json.Decoder(dict[str, Any])
 _Handler = Callable[[Request], Awaitable[Response]]
 
@@ -64,12 +65,7 @@ def token_prompt_request(body: bytes, request_model: Any) -> Any | None:
         return None
     nested = isinstance(prompt[0], list)
     try:
-        if nested:
-            if not all(isinstance(p, list) and p for p in prompt):
-                return None
-            msgspec.convert(prompt, list[list[TokenId]])
-        else:
-            msgspec.convert(prompt, list[TokenId])
+        msgspec.convert(prompt, list[TokenIds] if nested else TokenIds)
     except msgspec.ValidationError:
         return None
     # A stand-in of the prompt's shape, so vLLM's prompt validators decide as they would on it.
