@@ -252,6 +252,7 @@ FIGURES = (
     ("served-h200-figure2-516575e.json", "served-figure2-516575e.png", served_figure2),
     ("served-h100-figure2-df8727e.json", "served-figure2-df8727e.png", served_figure2),
     ("served-h100-figure2-67d6def.json", "served-figure2-67d6def.png", served_figure2),
+    ("served-h200-figure2-2b161a0.json", "served-figure2-2b161a0.png", served_figure2),
     ("replicas-h200.json", "scale-out-replicas.png", replicas),
     ("replicas-h200-7139fcd.json", "scale-out-replicas-7139fcd.png", replicas),
     ("load-h200-7139fcd.json", "load-ttft.png", load_sweep),

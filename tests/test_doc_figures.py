@@ -44,6 +44,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h200-header-task-first.json.gz": 24,  # 3 families x 8 layouts
     "accuracy-families-smollm2-cpu-trailing-heads.json": 2,  # single facts: full, heads after the passages
     "accuracy-families-smollm2-cpu-repeat-lead.json": 2,  # single facts: full, the first passage again as a span
+    "accuracy-families-smollm2-h200-lead2-leadin.json.gz": 15,  # 3 families x 5 layouts
 }
 
 
@@ -61,7 +62,7 @@ def _pairing(answers: Iterable[dict], layout: str, other: str) -> tuple[int, int
     exact McNemar p-value as the docs write it."""
     gained, lost = _discordant([(a[layout]["correct"], a[other]["correct"]) for a in answers])
     p = mcnemar_exact(gained, lost)
-    return gained, lost, "p<0.001" if p < 0.001 else f"p={p:.3f}".rstrip("0")
+    return gained, lost, "p<0.001" if p < 0.001 else f"p={p:.3f}".rstrip("0").rstrip(".")
 
 
 def test_accuracy_tables_match_their_results() -> None:
@@ -1407,3 +1408,118 @@ def test_the_h100_cached_request_section_matches_its_results() -> None:
         f"{(small['server_prefill_s'] - stock_small['server_prefill_s']) * 1e3:.1f} ms more than stock at one "
         f"document and {(large['server_prefill_s'] - stock_large['server_prefill_s']) * 1e3:.1f} at 32",
     ))  # fmt: skip
+
+
+def test_the_short_launch_section_matches_its_results() -> None:
+    """The H200 section at 2b161a0: the GPU suite's records, Figure 2, the dispatch comparison of
+    the short launch with the scratch route and the cached-request profile, as their results give them."""
+    section = _benchmarks_section("Latest: the host-work changes and the short launch")
+    records = [_result(f"gpu-test-h200-2b161a0-{half}-suite.json") for half in ("gpu", "reference")]
+    for record, passed in zip(records, (5, 23), strict=True):
+        outcome = (record["commit"], record["complete"], record["passed"], record["failed"])
+        assert outcome == ("2b161a0", True, passed, 0)
+        assert record["device"] == "NVIDIA H200"
+    figure2 = _result("served-h200-figure2-2b161a0.json")
+    rows = list(tables.served(figure2))
+    assert "\n".join(rows[: rows.index("")]) in section
+    earlier = _result("served-h200-figure2-516575e.json")
+
+    def median(data: dict, key: str, k: int) -> float:
+        return statistics.median(r[key] for r in data["figure2"] if r["k"] == k and key in r)
+
+    def stage(k: int) -> float:
+        return statistics.median(r["pic_cached_stages"]["server_prefill_s"] for r in figure2["figure2"]
+                                 if r["k"] == k and "pic_cached_stages" in r) * 1e3  # fmt: skip
+
+    dispatch = _result("attention-h200-2b161a0-dispatch.json")
+    assert dispatch["provenance"]["commit"] == "2b161a0"
+
+    def piece(name: str, docs: int, key: str) -> float:
+        row = next(r for r in dispatch["dispatch"] if r["piece"] == name and r["docs"] == docs)
+        return row[key] * (1e3 if key == "gpu_ms" else 1)
+
+    profile = _result("cached-ttft-h200-2b161a0.json")
+    assert profile["provenance"]["commit"] == "2b161a0"
+    assert "\n".join(tables.ttft(profile)) in section
+    by = {(r["server"], r["docs"]): r for r in profile["rows"]}
+    many, one = (by["pic-256", 32], by["stock-fa3", 32]), (by["pic-256", 1], by["stock-fa3", 1])
+
+    def ms(row: dict) -> str:
+        return f"{row['ttft_median_s'] * 1e3:.1f}"
+
+    short, scratch = "ours_attention", "ours_attention_scratch_route"
+    cached, uncached = median(figure2, "pic_cached_ttft_s", 32), median(figure2, "stock_uncached_ttft_s", 32)
+    before = median(earlier, "pic_cached_ttft_s", 32)
+    quoted = (
+        "test-gpu-halves`, {:.0f} s and {:.0f} s;".format(*(record["seconds"] for record in records)),
+        f"takes **{cached:.3f} s against stock's uncached {uncached:.3f} s: {uncached / cached:.0f}x**, as at "
+        f"516575e ({before:.3f} s, {median(earlier, 'stock_uncached_ttft_s', 32) / before:.0f}x",
+        f"One document took {median(figure2, 'pic_cached_ttft_s', 1):.3f} s",
+        f"({median(earlier, 'pic_cached_ttft_s', 1):.3f} s at 516575e; {one[0]['ttft_median_s']:.3f} s in the profile",
+        f"(scheduled to first token {stage(1):.1f} ms against {stage(2):.1f} at two documents",
+        f"{ms(many[0])} ms at 32 documents against {ms(one[0])} at one, "
+        f"{many[0]['ttft_median_s'] / one[0]['ttft_median_s']:.1f}x",
+        f"takes {piece(short, 32, 'gpu_ms'):.1f} us of GPU time against {piece(scratch, 32, 'gpu_ms'):.1f} us",
+        f"route`: {piece('ours_rotate_into_pages', 32, 'gpu_ms'):.1f} + {piece('ours_fa3_call', 32, 'gpu_ms'):.1f})",
+        f"and {piece(short, 32, 'cpu_us'):.0f} against {piece(scratch, 32, 'cpu_us'):.0f} us of host time",
+        f"at one document {piece(short, 1, 'gpu_ms'):.1f} against {piece(scratch, 1, 'gpu_ms'):.1f} us and "
+        f"{piece(short, 1, 'cpu_us'):.0f} against {piece(scratch, 1, 'cpu_us'):.0f} us",
+        "(`ours_route`, {:.0f} to {:.0f} us".format(*sorted(piece("ours_route", d, "cpu_us") for d in (1, 32))),
+        f"`paged_rope_attention` {_stack_ms(many[0], 'paged_rope_attention', True):.2f} ms of the engine's "
+        f"{_stack_ms(many[0], '_process_engine_step', True):.1f} ms",
+        f"takes **{ms(many[0])} ms against stock's {ms(many[1])} ms** for the same 32-document prompt fully cached "
+        f"({many[0]['ttft_median_s'] / many[1]['ttft_median_s']:.2f}x) and {ms(one[0])} against {ms(one[1])} ms",
+        f"the engine core spends {_stack_ms(many[0], '_process_engine_step', True):.1f} ms, of which the model "
+        f"runner {_stack_ms(many[0], 'execute_model', True):.1f} "
+        f"(the forward {_stack_ms(many[0], 'forward', True):.1f}; "
+        f"staging the request's 35,559 token ids for the GPU {_stack_ms(many[0], 'apply_staged_writes', True):.1f}, "
+        f"of it vLLM's `async_tensor_h2d` {_stack_ms(many[0], 'async_tensor_h2d', True):.1f}",
+        f"the scheduler with MiniPIC's block records {_stack_ms(many[0], 'schedule_with_records', True):.1f}, and "
+        f"the request's preprocessing {_stack_ms(many[0], 'preprocess_add_request', True):.1f} (block hashing "
+        f"{_stack_ms(many[0], 'hash_new_full_blocks', True):.1f}); "
+        f"the API server {_stack_ms(many[0], 'serve', False):.1f} ms",
+    )
+    assert many[0]["prompt_tokens"] == 35_559
+    _assert_quoted(section, quoted)
+
+
+def test_the_h200_two_passages_with_header_and_repeated_lead_run_matches_its_results() -> None:
+    """docs/accuracy.md on the H200 run of two passages as text with the header and of the first
+    passage again as a span: by place, the pairings, and how it compares with the run at 939740d."""
+    name = "accuracy-families-smollm2-h200-lead2-leadin.json.gz"
+    header, two, repeat = ("lead2_text_leadin_refreshed_heads", "lead2_text_refreshed_heads",
+                           "lead_text_repeat_refreshed_heads")  # fmt: skip
+    places = _by_place(name, ["full", "refreshed_heads", two, header, repeat])
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for place, row in places.items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    families = _result(name)["families"]
+    summary = families["single"]["summary"]
+
+    def pairing(family: str, layout: str, other: str) -> tuple[int, int, str]:
+        return _pairing((q["answers"] for q in families[family]["questions"]), layout, other)
+
+    def diff(layout: str, family: str = "single") -> str:
+        return f"{families[family]['summary'][layout]['vs_full']['difference'] * 100:+.1f}"
+
+    share = _result("accuracy-layout-shares-smollm2.json")["families"]["single"][two]["from_cache"]
+    earlier = _result("accuracy-families-smollm2-h200-1000.json.gz")["families"]["single"]["summary"]
+    g, lost, p = pairing("single", header, two)
+    g2, lost2, p2 = pairing("single", repeat, "refreshed_heads")
+    g3, lost3, p3 = pairing("synthetic", repeat, "refreshed_heads")
+    _assert_quoted(doc, (
+        f"{g} single-fact answers right only with it and {lost} only without (exact McNemar {p})",
+        f"the third place answers {places[3][4]} of {places[3][0]} either way (full attention {places[3][1]})",
+        f"It is {diff(header)} points from full attention against {diff(two)} without it",
+        f"`lead2_text_refreshed_heads` ({round(share * 100)}% of a final prompt)",
+        f"{places[1][5]} of {places[1][0]} first-place answers (full attention {places[1][1]}, refreshed heads "
+        f"{places[1][2]}), but {places[2][5]} of {places[2][0]} at the second place (full attention {places[2][1]}, "
+        f"refreshed heads {places[2][2]})",
+        f"it turns {g2} single-fact answers right and {lost2} wrong ({p2}): {diff(repeat)} points from full "
+        f"attention instead of {diff('refreshed_heads')}, at {summary[repeat]['tokens']['computed_vs_full']:.2f}",
+        f"({g3} right only with it, {lost3} only without, {p3}; {diff(repeat, 'synthetic')} points)",
+        f"the ones within reach (two passages as text) take {round(share * 100)}%",
+        f"(full attention {pct(summary['full']['accuracy'])}% against {pct(earlier['full']['accuracy'])}%, refreshed "
+        f"heads {pct(summary['refreshed_heads']['accuracy'])}% against {pct(earlier['refreshed_heads']['accuracy'])}%)",
+    ))
+    assert _result(name)["meta"]["commit"] == "2b161a0"
