@@ -101,7 +101,11 @@ register("lead2_text_leadin_refreshed_heads", "the first two passages as plain t
          technique=lambda ctx: minipic_client.LeadInContext(lead=2, as_text=True, header="Passages:\n"))  # fmt: skip
 register("lead_text_repeat_refreshed_heads", "the first passage as plain text, then every passage, the first again, "
          "as refreshed heads: the slot after in-context text holds a passage the prompt has in context",
-         technique=lambda ctx: RepeatedLead(minipic_client.RefreshedHeads()))  # fmt: skip
+         technique=lambda ctx: minipic_client.LeadInContext(as_text=True, repeat=True))  # fmt: skip
+register("lead_text_leadin_repeat_refreshed_heads", "the first passage as plain text, the fixed header `Dependent`, "
+         "then every passage, the first again, as refreshed heads: the repeat wins the first place back, the header "
+         "the second", technique=lambda ctx: minipic_client.LeadInContext(
+             as_text=True, header="Passages:\n", repeat=True))  # fmt: skip
 register("full_task_first", "plain prompt with the question also before the passages: full attention",
          task_first=True)  # fmt: skip
 register("refreshed_heads_task_first", "the question also before the passages, as text continuing the prefix, so "
@@ -118,19 +122,6 @@ register_sdk("hidden_sink", "HiddenSink",
 register_sdk("prefix_sink", "PrefixSink",
              "Block-Attention whose spans open with a hidden copy of the prefix's last block-1 tokens: each passage "
              "computed as if it came first")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class RepeatedLead:
-    """The first passage as plain text continuing the prefix, then every passage, the first
-    again, as `rest` lays them out. The span right after in-context text answers worst, whatever
-    it holds (docs/accuracy.md): here it holds the passage the prompt already has in context,
-    and every passage keeps its cached span."""
-
-    rest: Technique
-
-    def documents(self, docs: Sequence[str]) -> list[Part]:
-        return [Text(docs[0]), *self.rest.documents(docs)] if docs else []
 
 
 @dataclass(frozen=True)

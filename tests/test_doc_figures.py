@@ -1140,6 +1140,16 @@ def _assert_quoted(section: str, phrases: Iterable[str]) -> None:
         assert phrase in text, phrase
 
 
+def _gpu_suites_passed(gpu: str, commit: str, device: str | None = None) -> list[dict]:
+    """The two `make test-gpu` halves' records at `commit`, checked complete with every test
+    passed (5 GPU tests, 23 reference ones), on `device` when given."""
+    records = [_result(f"gpu-test-{gpu}-{commit}-{half}-suite.json") for half in ("gpu", "reference")]
+    for record, passed in zip(records, (5, 23), strict=True):
+        assert (record["commit"], record["complete"], record["passed"], record["failed"]) == (commit, True, passed, 0)
+        assert device is None or record["device"] == device
+    return records
+
+
 def _stack_ms(row: dict, name: str, engine: bool) -> float:
     """A cached_ttft row's py-spy milliseconds per request with `name` on the stack, in the engine
     process or in another (the API server's); a name found in two such processes fails."""
@@ -1293,10 +1303,7 @@ def test_the_one_launch_derivation_section_matches_its_results() -> None:
         return statistics.median(r[key] for r in data["figure2"] if r["k"] == k and key in r)
 
     earlier = _result("served-h100-figure2-df8727e.json")
-    records = [_result(f"gpu-test-h100-67d6def-{half}-suite.json") for half in ("gpu", "reference")]
-    for record, passed in zip(records, (5, 23), strict=True):
-        outcome = (record["commit"], record["complete"], record["passed"], record["failed"])
-        assert outcome == ("67d6def", True, passed, 0)
+    records = _gpu_suites_passed("h100", "67d6def")
     attention, write = ("ours_attention", "ours_write_kv"), ("stock_fa3", "stock_write_cuda")
     quoted = (
         f"takes {ms(pic[0], 'ttft_median_s')} ms (H100, 2026-12-05, commit 67d6def)",
@@ -1336,11 +1343,7 @@ def test_the_h100_cached_request_section_matches_its_results() -> None:
     """The H100 section: the GPU suite's records, Figure 2 and the cached-request profile as
     `tables.py` prints them, and every figure the text quotes from them."""
     section = _benchmarks_section("Latest: where a cached request's time goes on the GPU")
-    records = [_result(f"gpu-test-h100-df8727e-{half}-suite.json") for half in ("gpu", "reference")]
-    for record, passed in zip(records, (5, 23), strict=True):
-        outcome = (record["commit"], record["complete"], record["passed"], record["failed"])
-        assert outcome == ("df8727e", True, passed, 0)
-        assert record["device"] == "NVIDIA H100 80GB HBM3"
+    records = _gpu_suites_passed("h100", "df8727e", "NVIDIA H100 80GB HBM3")
     figure2 = _result("served-h100-figure2-df8727e.json")
     rows = list(tables.served(figure2))
     assert "\n".join(rows[: rows.index("")]) in section
@@ -1414,11 +1417,7 @@ def test_the_short_launch_section_matches_its_results() -> None:
     """The H200 section at 2b161a0: the GPU suite's records, Figure 2, the dispatch comparison of
     the short launch with the scratch route and the cached-request profile, as their results give them."""
     section = _benchmarks_section("Latest: the host-work changes and the short launch")
-    records = [_result(f"gpu-test-h200-2b161a0-{half}-suite.json") for half in ("gpu", "reference")]
-    for record, passed in zip(records, (5, 23), strict=True):
-        outcome = (record["commit"], record["complete"], record["passed"], record["failed"])
-        assert outcome == ("2b161a0", True, passed, 0)
-        assert record["device"] == "NVIDIA H200"
+    records = _gpu_suites_passed("h200", "2b161a0", "NVIDIA H200")
     figure2 = _result("served-h200-figure2-2b161a0.json")
     rows = list(tables.served(figure2))
     assert "\n".join(rows[: rows.index("")]) in section

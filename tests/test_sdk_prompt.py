@@ -175,6 +175,17 @@ def test_a_header_opens_the_first_segment_after_the_leading_text(builder, ids):
     assert technique.documents([DOC_A]) == [Text(DOC_A)]
 
 
+def test_a_repeated_lead_is_laid_out_again_by_the_rest_after_the_header(builder, ids):
+    technique = LeadInContext(RefreshedHeads(), as_text=True, header="Passages:\n", repeat=True)
+    layout = builder.build([Text("sys"), *technique.documents([DOC_A, LONG]), Dependent("q")])
+    same = builder.build([Text("sys"), Text(DOC_A), Dependent("Passages:\n"), RefreshedHeads().span(DOC_A),
+                          RefreshedHeads().span(LONG), Dependent("q")])
+    assert layout.token_ids == same.token_ids
+    # Both documents are spans: the repeat is cached like any span, the lead text is in the prefix.
+    assert [p.kind for p in layout.prefills] == ["prefix", "span", "span"]
+    assert technique.documents([DOC_A]) == [Text(DOC_A), Dependent("Passages:\n"), *RefreshedHeads().documents([DOC_A])]
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"lead": 0}, "lead must be at least 1"),
     ({"rest": LeadInContext()}, "rest is a per-document technique"),

@@ -187,6 +187,10 @@ class LeadInContext:
     # Fixed text laid out as a `Dependent` between the leading documents and the rest, so the
     # first marker after the leading text opens it rather than a document (docs/accuracy.md).
     header: str | None = None
+    # The leading documents laid out by `rest` too, right after them (and the header): the
+    # segment after in-context text answers worst, whatever it holds (docs/accuracy.md), so it
+    # holds a document the prompt already has; once spans are cached it costs no computed token.
+    repeat: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.rest, _SpanEach):
@@ -198,8 +202,9 @@ class LeadInContext:
 
     def documents(self, docs: Sequence[str]) -> list[Part]:
         leading = list(map(Text if self.as_text else Dependent, docs[: self.lead]))
-        header = [Dependent(self.header)] if self.header is not None and docs[self.lead :] else []
-        return [*leading, *header, *self.rest.documents(docs[self.lead :])]
+        rest = docs if self.repeat else docs[self.lead :]
+        header = [Dependent(self.header)] if self.header is not None and rest else []
+        return [*leading, *header, *self.rest.documents(rest)]
 
 
 Technique = SpanTechnique | LeadInContext
