@@ -45,6 +45,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-trailing-heads.json": 2,  # single facts: full, heads after the passages
     "accuracy-families-smollm2-cpu-repeat-lead.json": 2,  # single facts: full, the first passage again as a span
     "accuracy-families-smollm2-h200-lead2-leadin.json.gz": 15,  # 3 families x 5 layouts
+    "accuracy-families-smollm2-cpu-repeat-header.json": 2,  # single facts: full, the header before the repeat
 }
 
 
@@ -1501,7 +1502,8 @@ def test_the_h200_two_passages_with_header_and_repeated_lead_run_matches_its_res
     def diff(layout: str, family: str = "single") -> str:
         return f"{families[family]['summary'][layout]['vs_full']['difference'] * 100:+.1f}"
 
-    share = _result("accuracy-layout-shares-smollm2.json")["families"]["single"][two]["from_cache"]
+    shares = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]
+    share = shares[two]["from_cache"]
     earlier = _result("accuracy-families-smollm2-h200-1000.json.gz")["families"]["single"]["summary"]
     g, lost, p = pairing("single", header, two)
     g2, lost2, p2 = pairing("single", repeat, "refreshed_heads")
@@ -1517,8 +1519,39 @@ def test_the_h200_two_passages_with_header_and_repeated_lead_run_matches_its_res
         f"it turns {g2} single-fact answers right and {lost2} wrong ({p2}): {diff(repeat)} points from full "
         f"attention instead of {diff('refreshed_heads')}, at {summary[repeat]['tokens']['computed_vs_full']:.2f}",
         f"({g3} right only with it, {lost3} only without, {p3}; {diff(repeat, 'synthetic')} points)",
-        f"the ones within reach (two passages as text) take {round(share * 100)}%",
+        f"the ones within reach (two passages as text) take {round(share * 100)}%; the repeat takes "
+        f"{round(100 * shares[repeat]['from_cache'])}% at {diff(repeat)}",
         f"(full attention {pct(summary['full']['accuracy'])}% against {pct(earlier['full']['accuracy'])}%, refreshed "
         f"heads {pct(summary['refreshed_heads']['accuracy'])}% against {pct(earlier['refreshed_heads']['accuracy'])}%)",
     ))
     assert _result(name)["meta"]["commit"] == "2b161a0"
+
+
+def test_the_cpu_header_before_the_repeat_run_matches_its_results() -> None:
+    """docs/accuracy.md on the header before the repeated first passage (CPU): by place beside the
+    earlier CPU runs on the same questions, the pairing with the repeat alone and the cache share."""
+    new, repeat, text = (_result(f"accuracy-families-smollm2-cpu-{name}.json")["families"]["single"]["questions"]
+                         for name in ("repeat-header", "repeat-lead", "lead-text"))  # fmt: skip
+    layout = "lead_text_leadin_repeat_refreshed_heads"
+    by_id = {q["id"]: {**q["answers"]} for q in repeat}  # the earlier runs' answers, question by question
+    for q in text:
+        by_id[q["id"]].update(q["answers"])
+    assert all(by_id[q["id"]]["full"]["correct"] == q["answers"]["full"]["correct"] for q in new)
+    counts: dict[int, list[int]] = {}
+    columns = ("full", "lead_text_refreshed_heads", "lead_text_repeat_refreshed_heads")
+    for q in new:
+        row = counts.setdefault(q["gold_positions"][0] + 1, [0] * 5)
+        verdicts = (True, *(by_id[q["id"]][c]["correct"] for c in columns), q["answers"][layout]["correct"])
+        for i, correct in enumerate(verdicts):
+            row[i] += correct
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    for place, row in counts.items():
+        assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
+    assert counts[2][3] == counts[2][4]  # "as without it"
+    g, lost, p = _pairing(({**by_id[q["id"]], **q["answers"]} for q in new), layout, columns[2])
+    share = _result("accuracy-layout-shares-smollm2.json")["families"]["single"][layout]["from_cache"]
+    _assert_quoted(doc, (
+        f"the second place answers {counts[2][4]} of {counts[2][0]}, as without it; against the repeat alone "
+        f"{g} answers turn right and {lost} wrong (exact McNemar {p})",
+        f"{round(share * 100)}% of a final prompt from the cache once spans are cached",
+    ))
