@@ -34,7 +34,6 @@ MARKERS = {"hsep_token_id": 13, "ssep_token_id": 14, "pdep_token_id": 15, "pad_t
 # The SDK's layouts by the harness's names (`--layout refreshed-heads` is `refreshed_heads`), and one more.
 TECHNIQUES = {name.replace("-", "_"): technique for name, technique in SDK_TECHNIQUES.items()}
 TECHNIQUES["refreshed_heads_joined"] = RefreshedHeads(join_prefix=True)
-TECHNIQUES["lead_text_repeat_refreshed_heads"] = LeadInContext(as_text=True, repeat=True)
 TECHNIQUES["lead_text_leadin_repeat_refreshed_heads"] = LeadInContext(as_text=True, header="Passages:\n", repeat=True)
 
 

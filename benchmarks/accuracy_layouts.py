@@ -101,7 +101,7 @@ register("lead2_text_leadin_refreshed_heads", "the first two passages as plain t
          technique=lambda ctx: minipic_client.LeadInContext(lead=2, as_text=True, header="Passages:\n"))  # fmt: skip
 register("lead_text_repeat_refreshed_heads", "the first passage as plain text, then every passage, the first again, "
          "as refreshed heads: the slot after in-context text holds a passage the prompt has in context",
-         technique=lambda ctx: minipic_client.LeadInContext(as_text=True, repeat=True))  # fmt: skip
+         technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed-heads"])  # fmt: skip
 register("lead_text_leadin_repeat_refreshed_heads", "the first passage as plain text, the fixed header `Dependent`, "
          "then every passage, the first again, as refreshed heads: the repeat wins the first place back, the header "
          "the second", technique=lambda ctx: minipic_client.LeadInContext(

@@ -1525,6 +1525,9 @@ def test_the_h200_two_passages_with_header_and_repeated_lead_run_matches_its_res
         f"heads {pct(summary['refreshed_heads']['accuracy'])}% against {pct(earlier['refreshed_heads']['accuracy'])}%)",
     ))
     assert _result(name)["meta"]["commit"] == "2b161a0"
+    client = " ".join((ROOT / "docs/client.md").read_text().split())
+    assert (f"{-float(diff(repeat)):.1f} points below full attention on single facts, "
+            f"{round(100 * shares[repeat]['from_cache'])}% of a final prompt from the cache") in client
 
 
 def test_the_cpu_header_before_the_repeat_run_matches_its_results() -> None:

@@ -221,6 +221,7 @@ TECHNIQUES: dict[str, Technique] = {
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
+    "lead-text-repeat-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True, repeat=True),
     "lead-text-header-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True, header="Passages:\n"),
     "lead2-text-refreshed-heads": LeadInContext(RefreshedHeads(), lead=2, as_text=True),
 }
