@@ -1519,6 +1519,9 @@ def test_the_h200_two_passages_with_header_and_repeated_lead_run_matches_its_res
         f"it turns {g2} single-fact answers right and {lost2} wrong ({p2}): {diff(repeat)} points from full "
         f"attention instead of {diff('refreshed_heads')}, at {summary[repeat]['tokens']['computed_vs_full']:.2f}",
         f"({g3} right only with it, {lost3} only without, {p3}; {diff(repeat, 'synthetic')} points)",
+        f"single facts {-float(diff(repeat)):.1f} points below full attention at "
+        f"{round(100 * shares[repeat]['from_cache'])}% from the cache, "
+        f"{float(diff(repeat)) - float(diff('refreshed_heads')):.1f} points better than refreshed heads",
         f"the ones within reach (two passages as text) take {round(share * 100)}%; the repeat takes "
         f"{round(100 * shares[repeat]['from_cache'])}% at {diff(repeat)}",
         f"(full attention {pct(summary['full']['accuracy'])}% against {pct(earlier['full']['accuracy'])}%, refreshed "
