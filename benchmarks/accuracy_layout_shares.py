@@ -20,13 +20,13 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from minipic_client import LeadInContext, RefreshedHeads, Tokenizer
+from minipic_client import RefreshedHeads, Tokenizer
 from minipic_client.prompt import TECHNIQUES as SDK_TECHNIQUES
 from minipic_client.prompt import ChatTemplate, PromptBuilder
 from minipic_client.tokens import TokenCache
 
 from accuracy_families import Corpus, build_family, extract_facts
-from accuracy_layouts import SYSTEM
+from accuracy_layouts import HEADER_REPEAT, SYSTEM
 from provenance import provenance
 
 # SmolLM2-135M-Instruct's markers as `minipic serve` picks them (docs/accuracy.md), block size 16.
@@ -34,7 +34,7 @@ MARKERS = {"hsep_token_id": 13, "ssep_token_id": 14, "pdep_token_id": 15, "pad_t
 # The SDK's layouts by the harness's names (`--layout refreshed-heads` is `refreshed_heads`), and one more.
 TECHNIQUES = {name.replace("-", "_"): technique for name, technique in SDK_TECHNIQUES.items()}
 TECHNIQUES["refreshed_heads_joined"] = RefreshedHeads(join_prefix=True)
-TECHNIQUES["lead_text_leadin_repeat_refreshed_heads"] = LeadInContext(as_text=True, header="Passages:\n", repeat=True)
+TECHNIQUES["lead_text_leadin_repeat_refreshed_heads"] = HEADER_REPEAT
 
 
 def main() -> None:

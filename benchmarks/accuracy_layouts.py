@@ -51,6 +51,9 @@ class Layout:
 
 
 LAYOUTS: dict[str, Layout] = {}
+# The first passage as text, the header, then every passage (the first again) as refreshed heads:
+# not an SDK layout, so `accuracy_layout_shares.py` takes it from here.
+HEADER_REPEAT = minipic_client.LeadInContext(as_text=True, header="Passages:\n", repeat=True)
 
 
 def register(name: str, description: str, **options: Any) -> None:
@@ -104,8 +107,7 @@ register("lead_text_repeat_refreshed_heads", "the first passage as plain text, t
          technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed-heads"])  # fmt: skip
 register("lead_text_leadin_repeat_refreshed_heads", "the first passage as plain text, the fixed header `Dependent`, "
          "then every passage, the first again, as refreshed heads: the repeat wins the first place back, the header "
-         "the second", technique=lambda ctx: minipic_client.LeadInContext(
-             as_text=True, header="Passages:\n", repeat=True))  # fmt: skip
+         "the second", technique=lambda ctx: HEADER_REPEAT)  # fmt: skip
 register("full_task_first", "plain prompt with the question also before the passages: full attention",
          task_first=True)  # fmt: skip
 register("refreshed_heads_task_first", "the question also before the passages, as text continuing the prefix, so "
