@@ -1,13 +1,16 @@
-"""The benchmark scripts that start their own server run end to end on the CPU (tiny model).
+"""The benchmark scripts run end to end on the CPU (tiny model).
 
 `served.py` is driven on the H200 from the docs; the other scripts share its server and
 client helpers, and twice a helper read a flag only `served.py` defines, so they failed at
-start-up unnoticed. Each runs here briefly against a real `minipic serve`.
+start-up unnoticed. Each runs here briefly against a real `minipic serve`, or (the client's
+overhead) against the mock server it builds, whose answers must keep up with the SDK's checks.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +22,7 @@ from servers import ServerPool
 pytestmark = pytest.mark.server
 
 REPO = Path(__file__).resolve().parent.parent
+PATHS = ("server_patch", "kernels", "sdk")  # what the docs put on PYTHONPATH for the client's overhead
 SERVER_ARGS = ["--server-arg=--block-size=16", "--server-arg=--max-model-len=4096",
                "--server-arg=--kv-cache-memory-bytes=536870912", "--server-arg=--enforce-eager"]  # fmt: skip
 
@@ -66,3 +70,13 @@ def test_the_cached_ttft_profile_runs(server_pool: ServerPool, tiny_model_dir: P
         # The server's stages nest inside the client's TTFT: scheduled -> first token, queued, arrival -> first token.
         assert 0 < row["server_prefill_s"] + row["server_queued_s"] <= row["server_first_token_s"]
         assert row["server_first_token_s"] < 2 * row["ttft_quartiles_s"][2]
+
+
+def test_the_client_overhead_benchmark_runs(tiny_model_dir: Path) -> None:
+    command = [sys.executable, str(REPO / "benchmarks" / "client_overhead.py"), "--model", str(tiny_model_dir),
+               "--docs", "2", "--calls", "20", "--warmup", "2"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, timeout=300, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / d) for d in PATHS)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"prompt: \d+ tokens \(2 docs, 3 prefills\)", done.stdout), done.stdout
+    assert re.search(r"rag call +p50 [\d.]+ ms", done.stdout), done.stdout
