@@ -1561,3 +1561,26 @@ def test_the_cpu_header_before_the_repeat_run_matches_its_results() -> None:
         f"{g} answers turn right and {lost} wrong (exact McNemar {p})",
         f"{round(share * 100)}% of a final prompt from the cache once spans are cached",
     ))
+
+
+def test_the_client_overhead_figures_match_their_results() -> None:
+    """docs/benchmarks.md section 4's table and docs/client.md's overhead paragraph, against
+    the client-overhead run they name."""
+    result = _result("client-overhead-cpu-a31373b.json")
+    assert result["calls"] == 2000 and result["warmup"] == 200 and not result["provenance"]["dirty"]
+    short, long = result["rows"]
+    benchmarks = (ROOT / "docs/benchmarks.md").read_text()
+    client = " ".join((ROOT / "docs/client.md").read_text().split())
+    for row in (short, long):
+        for name, what in (("rag_call", "`SpanClient.rag`"), ("bare_post", "bare httpx streamed POST (baseline)"),
+                           ("layout", "prompt layout alone")):  # fmt: skip
+            assert f"| {what} | {row[f'{name}_p50_ms']:.3f} | {row[f'{name}_p99_ms']:.3f} |" in benchmarks
+        assert f"{row['prompt_tokens']:,} tokens, {row['docs']} documents ({row['prefills']} prefills)" in benchmarks
+    assert f"takes {long['rag_call_p50_ms'] / long['bare_post_p50_ms']:.2f}x of what httpx alone" in benchmarks
+    assert f"that is {long['rag_call_p50_ms']:.1f} ms per call" in " ".join(benchmarks.split())
+    assert (f"a {short['prompt_tokens']:,}-token prompt with 5 documents and 16 streamed tokens: p50 "
+            f"{short['rag_call_p50_ms']:.3f} ms, p99 {short['rag_call_p99_ms']:.3f} ms per call against "
+            f"{short['bare_post_p50_ms']:.3f} ms for a bare httpx POST") in client  # fmt: skip
+    assert f"the layout alone is {short['layout_p50_ms']:.3f} ms" in client
+    assert (f"({long['prompt_tokens']:,} tokens) the call takes {long['rag_call_p50_ms']:.3f} ms, less than the "
+            f"bare POST's {long['bare_post_p50_ms']:.3f} ms") in client  # fmt: skip
