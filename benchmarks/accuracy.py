@@ -37,7 +37,16 @@ from results_io import write_result
 from minipic_client import SpanClient, Tokenizer
 from minipic_server.launch import local_server
 
-from accuracy_families import FAMILIES, Corpus, Question, build_family, extract_facts, is_correct, reuse_stats
+from accuracy_families import (
+    FAMILIES,
+    ORDERS,
+    Corpus,
+    Question,
+    build_family,
+    extract_facts,
+    is_correct,
+    reuse_stats,
+)
 from accuracy_layouts import LAYOUTS, SYSTEM, LayoutContext, PassResult, Prompt, run_pass, server_counters
 from accuracy_stats import versus, wilson
 from provenance import provenance
@@ -131,6 +140,8 @@ def main() -> None:
     parser.add_argument("--max-passage-tokens", type=int, default=300, help="leave longer passages out")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--order", choices=ORDERS, default="shuffled",
+                        help="each prompt's passages shuffled, or ranked for the question as a retriever would")
     parser.add_argument("--log", type=Path, default=Path("accuracy-server.log"))
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
                         help="layouts to answer with (full is always one: the others are compared with it)")
@@ -154,7 +165,7 @@ def main() -> None:
     facts = extract_facts(passages)
     counts = {name: args.questions for name in args.families} | family_counts(args.family_questions)
     families = {name: build_family(name, facts, corpus, counts[name], args.docs, args.pool,
-                                   random.Random(f"{args.seed}:{name}"))
+                                   random.Random(f"{args.seed}:{name}"), args.order)
                 for name in args.families}  # fmt: skip
     lengths += [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts[len(lengths):]]
     longest = max(lengths[i] for qs in families.values() for q in qs for i in q.passages)
@@ -178,7 +189,7 @@ def main() -> None:
         "meta": {
             **source, "model": args.model.name, "server_args": server_args, "system": SYSTEM,
             "passages_file": args.passages.name, "passages_sha256": hashlib.sha256(raw).hexdigest(),
-            "passages_usable": f"{len(corpus.usable)} of {len(passages)}", "seed": args.seed,
+            "passages_usable": f"{len(corpus.usable)} of {len(passages)}", "seed": args.seed, "order": args.order,
             "questions_per_family": {name: len(qs) for name, qs in families.items()},
             "docs_per_prompt": args.docs, "pool": args.pool,
             "max_passage_tokens": args.max_passage_tokens, "max_tokens": args.max_tokens,

@@ -13,6 +13,10 @@ across prompts as in real RAG and a span cache has something to reuse.
   with another synthetic passage (another entity, another code) among the distractors.
 
 Open answers (a year, a name, a code) have a chance level of about 0.
+
+A prompt's passages come in random order (``order="shuffled"``: the answering passage as likely
+at every place), or as a retriever would rank them for the question (``order="ranked"``, what
+`SpanRAG` sends: the passages sharing most of the question's own words first, `rank`).
 """
 
 from __future__ import annotations
@@ -195,22 +199,31 @@ FAMILIES: dict[str, Family] = {
 }  # fmt: skip
 
 
+ORDERS = ("shuffled", "ranked")
+
+
 def build_family(
-    name: str, facts: list[Fact], corpus: Corpus, count: int, docs: int, pool: int, rng: random.Random
-) -> list[Question]:
-    """`count` questions of family `name`, each over `docs` passages."""
+    name: str, facts: list[Fact], corpus: Corpus, count: int, docs: int, pool: int, rng: random.Random,
+    order: str = "shuffled",
+) -> list[Question]:  # fmt: skip
+    """`count` questions of family `name`, each over `docs` passages in `order`."""
     family = FAMILIES[name]
     items = family.make([f for f in facts if f.passage in corpus.usable], corpus, rng, count)[:count]
     if len(items) < count:
         raise SystemExit(f"family {name!r}: only {len(items)} questions from these passages, {count} asked")
-    return place(name, items, corpus, docs, pool, family.chance, rng)
+    return place(name, items, corpus, docs, pool, family.chance, rng, order)
 
 
 def place(
-    family: str, items: list[Item], corpus: Corpus, docs: int, pool: int, chance: float, rng: random.Random
-) -> list[Question]:
+    family: str, items: list[Item], corpus: Corpus, docs: int, pool: int, chance: float, rng: random.Random,
+    order: str = "shuffled",
+) -> list[Question]:  # fmt: skip
     """Fill each item's prompt up to `docs` passages from one pool: the items' own passages plus
-    `pool` other usable ones, so every passage recurs in several prompts."""
+    `pool` other usable ones, so every passage recurs in several prompts. ``order="ranked"``
+    then sorts each prompt's shuffled passages by `rank` (the same questions and passages as
+    ``"shuffled"``: ranking draws nothing from `rng`)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     own = list(dict.fromkeys(i for item in items for i in (*item.golds, *item.decoys)))
     others = sorted(corpus.usable - set(own))
     candidates = own + rng.sample(others, min(pool, len(others)))
@@ -226,11 +239,26 @@ def place(
                 titles.add(corpus.titles[pick])
                 chosen.append(pick)
         rng.shuffle(chosen)
+        if order == "ranked":
+            chosen = rank(item.question, chosen, corpus)
         questions.append(Question(
             f"{family}-{n}", family, item.kind, item.question, item.answer, item.reject, tuple(chosen),
             tuple(chosen.index(g) for g in item.golds), chance,
         ))  # fmt: skip
     return questions
+
+
+# The question templates' own words: every question has them, so they rank nothing.
+_TEMPLATE_WORDS = frozenset("in which year was born did die who directed the film what is registry code of".split())
+
+
+def rank(question: str, passages: Sequence[int], corpus: Corpus) -> list[int]:
+    """`passages` by how many of the question's own words (its subject: a name, a title) each
+    one's title and text hold, most first; ties keep their order. A lexical retriever's ranking:
+    it puts a passage about the question's subject first, and a bridge question's second
+    passage (about the film's director, unnamed in the question) wherever it ties."""
+    terms = set(normalise(question).split()) - _TEMPLATE_WORDS
+    return sorted(passages, key=lambda i: -len(terms & set(normalise(corpus.texts[i]).split())))
 
 
 def reuse_stats(questions: Sequence[Question], lengths: Sequence[int]) -> dict[str, float | int]:

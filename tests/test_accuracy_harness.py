@@ -13,7 +13,16 @@ from minipic_client import BlockAttention, Epic, LeadInContext, Tokenizer
 from minipic_client.prompt import Dependent, Span, Text
 
 from accuracy import STOCK, family_counts, summarise
-from accuracy_families import FAMILIES, Corpus, Question, build_family, extract_facts, is_correct, reuse_stats
+from accuracy_families import (
+    FAMILIES,
+    Corpus,
+    Question,
+    build_family,
+    extract_facts,
+    is_correct,
+    rank,
+    reuse_stats,
+)
 from accuracy_layouts import (
     LAYOUTS,
     LayoutContext,
@@ -42,10 +51,11 @@ def passages() -> list[dict[str, str]]:
     return out
 
 
-def build(name: str, count: int = 30, docs: int = 5, pool: int = 10, seed: int = 0) -> tuple[Corpus, list[Question]]:
+def build(name: str, count: int = 30, docs: int = 5, pool: int = 10, seed: int = 0,
+          order: str = "shuffled") -> tuple[Corpus, list[Question]]:  # fmt: skip
     data = passages()
     corpus = Corpus.of(data, set(range(len(data))))
-    return corpus, build_family(name, extract_facts(data), corpus, count, docs, pool, random.Random(seed))
+    return corpus, build_family(name, extract_facts(data), corpus, count, docs, pool, random.Random(seed), order)
 
 
 def test_facts_are_read_from_the_patterns():
@@ -110,6 +120,25 @@ def test_families_are_deterministic_and_refuse_too_many_questions():
     assert build("single", seed=3)[1] != build("single", seed=4)[1]
     with pytest.raises(SystemExit, match="only 240"):
         build("single", count=241)
+
+
+def test_ranked_prompts_hold_the_shuffled_passages_those_about_the_subject_first():
+    _, shuffled = build("single", seed=5)
+    corpus, ranked = build("single", seed=5, order="ranked")
+    for s, r in zip(shuffled, ranked):
+        assert (s.question, sorted(s.passages)) == (r.question, sorted(r.passages))
+        assert r.gold_positions == (0,)  # the passage named after the question's subject
+        assert list(r.passages) == rank(r.question, s.passages, corpus)  # the shuffled prompt, ranked
+    assert any(s.gold_positions != (0,) for s in shuffled)
+    with pytest.raises(ValueError, match="order must be one of"):
+        build("single", order="best")
+
+
+def test_ranking_counts_the_questions_own_words_not_its_template():
+    corpus = Corpus.of([{"title": "Anna Abel", "text": "Anna Abel was born in 1850."},
+                        {"title": "Year", "text": "In which year was the film born? Who directed it?"},
+                        {"title": "Anna", "text": "Anna is a name."}], {0, 1, 2})  # fmt: skip
+    assert rank("In which year was Anna Abel born?", [1, 2, 0], corpus) == [0, 2, 1]
 
 
 def test_family_question_counts_override_some_families_and_refuse_bad_ones():
