@@ -53,7 +53,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from served import SERVERS, Server, add_server_arguments, connect, reset_cache, running, table1_requests  # noqa: E402
+from served import (  # noqa: E402
+    SERVERS,
+    Server,
+    add_server_arguments,
+    connect,
+    layout_name,
+    reset_cache,
+    running,
+    table1_requests,
+)
 
 from minipic_client import RagRequest  # noqa: E402
 from minipic_client.prompt import TECHNIQUES  # noqa: E402
@@ -221,7 +230,7 @@ async def measure_rate(
     events: list[RequestEvent] = []
     await reset_cache(url)
     async with connect(url, server, args, events, args.layout) as client:
-        layout = type(client.default_technique).__name__ if server.pic else "plain"
+        layout = layout_name(client) if server.pic else "plain"
         warm_s = None
         if args.warm_spans and server.pic:
             began = time.perf_counter()

@@ -46,6 +46,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-repeat-lead.json": 2,  # single facts: full, the first passage again as a span
     "accuracy-families-smollm2-h200-lead2-leadin.json.gz": 15,  # 3 families x 5 layouts
     "accuracy-families-smollm2-cpu-repeat-header.json": 2,  # single facts: full, the header before the repeat
+    "accuracy-families-smollm2-cpu-ranked.json": 3,  # ranked single facts: full, refreshed heads, the default
 }
 
 
@@ -540,8 +541,8 @@ def test_the_h200_run_of_1000_questions_summary_figures_match_its_results() -> N
     missing = [figure for figure in figures if figure not in text]
     assert not missing, missing
     client = " ".join((ROOT / "docs/client.md").read_text().split())
-    assert (f"{-float(diff('single', 'refreshed_heads')):.1f} points below full attention on single facts against "
-            f"Block-Attention's {-float(diff('single', 'block')):.0f}") in client
+    block_loss = -float(diff("single", "block"))
+    assert f"below full attention with the documents shuffled (Block-Attention: {block_loss:.0f})" in client
 
 
 def test_the_front_padding_run_matches_its_results() -> None:
@@ -1584,3 +1585,49 @@ def test_the_client_overhead_figures_match_their_results() -> None:
     assert f"the layout alone is {short['layout_p50_ms']:.3f} ms" in client
     assert (f"({long['prompt_tokens']:,} tokens) the call takes {long['rag_call_p50_ms']:.3f} ms, less than the "
             f"bare POST's {long['bare_post_p50_ms']:.3f} ms") in client  # fmt: skip
+
+
+def test_the_default_layouts_figures_match_their_results() -> None:
+    """docs/accuracy.md's section on the default: the H200 questions whose answering passage came
+    first, the ranked CPU run's pairing, and the shuffled run's figures it repeats."""
+    name = "accuracy-families-smollm2-h200-lead2-leadin.json.gz"
+    families = _result(name)["families"]
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    section = doc[doc.index("## The default: "):doc.index("## Where each layout stands")]
+    layouts = ["full", "refreshed_heads", "lead2_text_refreshed_heads", "lead_text_repeat_refreshed_heads"]
+    for family in ("single", "bridge", "synthetic"):
+        first = [q["answers"] for q in families[family]["questions"] if q["gold_positions"][0] == 0]
+        for layout in layouts:
+            right = sum(a[layout]["correct"] for a in first)
+            cells = f"`{layout}` | {right} ({right / len(first):.1%})"
+            if layout != "full":
+                gained, lost, p = _pairing(first, layout, "full")
+                cells += f" | {gained} / {lost}, {p} |"
+            assert cells in section, (family, layout)
+        assert f" ({len(first)}) | `full` |" in section
+    ranked = _result("accuracy-families-smollm2-cpu-ranked.json")
+    assert ranked["meta"]["order"] == "ranked" and not ranked["meta"]["dirty"]
+    questions = ranked["families"]["single"]["questions"]
+    assert f"first in {sum(q['gold_positions'] == [0] for q in questions)} of {len(questions)}" in section
+    gained, lost, p = _pairing((q["answers"] for q in questions), "lead_text_repeat_refreshed_heads",
+                               "refreshed_heads")  # fmt: skip
+    text = " ".join(section.split())
+    assert f"answers {gained} questions right that they miss and misses {lost} they answer (exact McNemar {p})" in text
+    summary = families["single"]["summary"]
+    g, lost, p = _pairing((q["answers"] for q in families["single"]["questions"]),
+                          "lead_text_repeat_refreshed_heads", "refreshed_heads")  # fmt: skip
+    repeat, refreshed = (f"{summary[layout]['vs_full']['difference'] * 100:+.1f}".replace("+", "")
+                         for layout in ("lead_text_repeat_refreshed_heads", "refreshed_heads"))  # fmt: skip
+    assert f"{repeat} points against refreshed heads' {refreshed} ({g} answers gained, {lost} lost, {p})" in text
+    shares = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]
+    new, old = (f"{shares[layout]['from_cache']:.0%}"
+                for layout in ("lead_text_repeat_refreshed_heads", "refreshed_heads"))  # fmt: skip
+    assert f"{new} of a final prompt from the cache once spans are cached, against refreshed heads' {old}" in text
+    client = " ".join((ROOT / "docs/client.md").read_text().split())
+    ranked_loss = -ranked["families"]["single"]["summary"]["refreshed_heads"]["vs_full"]["difference"] * 100
+    below = f"{-float(repeat):.1f}"
+    assert f"(refreshed heads alone lose {ranked_loss:.0f} points there), and {below} points below" in client
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"where refreshed heads lose {ranked_loss:.0f} points" in readme
+    assert f"taking {new} of a prompt from the cache" in client
+    assert f"({old} from the cache, {-float(refreshed):.1f} points" in client

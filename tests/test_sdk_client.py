@@ -436,13 +436,17 @@ async def test_evicted_spans_are_prefilled_again(fake_server, fake_client):
     assert len(fake_server.of_kind("span")) == 4  # each document prefilled twice
 
 
-async def test_calls_naming_no_layout_use_refreshed_heads_or_block_attention_without_hidden_heads(
+async def test_calls_naming_no_layout_lead_with_text_then_refreshed_heads_or_block_attention_without_hidden_heads(
     fake_server, fake_client, caplog
 ) -> None:
     async with fake_client(technique=None) as client:
-        assert client.default_technique == RefreshedHeads()
-        layout = client.rag_layout(RagRequest("q", [DOCS[0] * 3], SYSTEM))
+        assert client.default_technique == LeadInContext(RefreshedHeads(), as_text=True, repeat=True)
+        layout = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM))
         assert fake_server.hsep in layout.token_ids
+        refreshed = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM, technique=RefreshedHeads()))
+        # The first document once more, as text continuing the system prompt's prefix.
+        assert len(layout.token_ids) > len(refreshed.token_ids)
+        assert [p.kind for p in layout.prefills] == [p.kind for p in refreshed.prefills]
     fake_server.info["hsep_token_id"] = None
     async with fake_client(technique=None) as client:
         with caplog.at_level("WARNING", logger="minipic_client"):

@@ -109,7 +109,8 @@ _CACHE_SALT = typer.Option(
 )
 _LAYOUT = typer.Option(
     None, "--layout", help=f"Document layout, fastest first: {', '.join(TECHNIQUES)} "
-    "(default: refreshed-heads where the server has hidden heads; docs/accuracy.md says what each costs)",
+    "(default: lead-text-repeat-refreshed-heads where the server has hidden heads; docs/accuracy.md says "
+    "what each costs)",
 )
 
 

@@ -27,6 +27,7 @@ from minipic_client.errors import (
 from minipic_client.kv_events import BlockLedger, SpanIndex, follow, subscribe
 from minipic_client.placement import Endpoint, Placement, Route, SpanAffinity, affinity_key, endpoints_of
 from minipic_client.prompt import (
+    TECHNIQUES,
     BlockAttention,
     ChatTemplate,
     Dependent,
@@ -34,7 +35,6 @@ from minipic_client.prompt import (
     Prefill,
     PromptBuilder,
     PromptLayout,
-    RefreshedHeads,
     Span,
     Technique,
     Text,
@@ -53,7 +53,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("minipic_client")
 
 DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
-_REFRESHED_HEADS, _BLOCK_ATTENTION = RefreshedHeads(), BlockAttention()
+# The default where the server hides heads: the first document as text continuing the prompt,
+# then every document, the first again, as refreshed heads (docs/accuracy.md).
+_LEAD_TEXT_REPEAT, _BLOCK_ATTENTION = TECHNIQUES["lead-text-repeat-refreshed-heads"], BlockAttention()
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,14 +370,17 @@ class SpanClient:
 
     @property
     def default_technique(self) -> Technique:
-        """The layout `rag` uses when a call names none: the client's ``technique=``, else
-        `RefreshedHeads`, which wins back most of what Block-Attention costs a model not trained
-        for it while taking 85% of a prompt from the cache (docs/accuracy.md); `BlockAttention`
-        on a server without hidden heads (no ``hsep_token_id``), with a warning once."""
+        """The layout `rag` uses when a call names none: the client's ``technique=``, else the
+        first document as text, then every document as refreshed heads (``--layout
+        lead-text-repeat-refreshed-heads``): a model not trained for block attention answers
+        from it as from full attention when the first document holds the answer, as a
+        retriever ranks them, and closest to it of the layouts taking 75% of a prompt from the
+        cache when any may (docs/accuracy.md); `BlockAttention` on a server without hidden
+        heads (no ``hsep_token_id``), with a warning once."""
         if self._technique is not None:
             return self._technique
         if self.info.hsep_token_id is not None:
-            return _REFRESHED_HEADS
+            return _LEAD_TEXT_REPEAT
         if not self._warned_no_hsep:
             self._warned_no_hsep = True
             logger.warning(
