@@ -966,7 +966,7 @@ def test_the_h200_header_and_task_first_run_matches_its_results() -> None:
     g, lost, p = pairing("leadin_refreshed_heads", "refreshed_heads")
     assert f"changes {g + lost} answers ({g} right only with it, {lost} only without, {p})" in text
     client = " ".join((ROOT / "docs/client.md").read_text().split())
-    assert (f"{-float(diff(header)):.1f} points below full attention on single facts where the default is "
+    assert (f"{-float(diff(header)):.1f} points below full attention on single facts where refreshed heads are "
             f"{-float(diff('refreshed_heads')):.1f} below") in client
     pct_of = {layout: f"{summary[layout]['accuracy'] * 100:.1f}%" for layout in summary}
     assert (f"answers {pct_of['full_task_first']} of single facts (full attention over the plain prompt "
