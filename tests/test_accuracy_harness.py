@@ -259,16 +259,16 @@ def test_the_lead_in_opens_the_first_segment_after_leading_text():
     assert parts == [Dependent("Passages:\n"), Span("a", head="refreshed"), Span("b", head="refreshed")]
     sdk = LAYOUTS["lead_text_leadin_refreshed_heads"].technique(context)
     assert sdk.documents(["a", "b"]) == MarkerLeadIn(LeadInContext(as_text=True)).documents(["a", "b"]) == [
-        Text("a"), Dependent("Passages:\n"), Span("b", head="refreshed")]
+        Text("a", shared=False), Dependent("Passages:\n"), Span("b", head="refreshed")]
 
 
 def test_repeated_lead_layouts_lay_the_first_passage_out_again_as_a_span():
     context = LayoutContext(block_size=16, longest_passage_tokens=100)
     spans = [Span("a", head="refreshed"), Span("b", head="refreshed")]
     repeat = LAYOUTS["lead_text_repeat_refreshed_heads"].technique(context)
-    assert repeat.documents(["a", "b"]) == [Text("a"), *spans]
+    assert repeat.documents(["a", "b"]) == [Text("a", shared=False), *spans]
     header = LAYOUTS["lead_text_leadin_repeat_refreshed_heads"].technique(context)
-    assert header.documents(["a", "b"]) == [Text("a"), Dependent("Passages:\n"), *spans]
+    assert header.documents(["a", "b"]) == [Text("a", shared=False), Dependent("Passages:\n"), *spans]
 
 
 def test_task_first_layouts_put_the_question_before_the_passages_as_text():

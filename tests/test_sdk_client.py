@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -444,9 +445,16 @@ async def test_calls_naming_no_layout_lead_with_text_then_refreshed_heads_or_blo
         layout = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM))
         assert fake_server.hsep in layout.token_ids
         refreshed = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM, technique=RefreshedHeads()))
-        # The first document once more, as text continuing the system prompt's prefix.
+        # The first document once more, as text continuing the system prompt's prefix, which
+        # is prefilled only up to it: every call shares the same prefix prefill.
         assert len(layout.token_ids) > len(refreshed.token_ids)
-        assert [p.kind for p in layout.prefills] == [p.kind for p in refreshed.prefills]
+        swapped = client.rag_layout(RagRequest("q", [DOCS[1] * 3, DOCS[0] * 3], SYSTEM))
+        prefix, swapped_prefix = ([p.key for p in x.prefills if p.kind == "prefix"] for x in (layout, swapped))
+        assert prefix == swapped_prefix and len(prefix) == 1
+        # Modules are spans before the documents: no document can continue the prefix there.
+        client.add_module("policy", DOCS[2])
+        with_modules = RagRequest("q", [DOCS[0] * 3], SYSTEM, modules=["policy"])
+        assert client.rag_layout(with_modules) == client.rag_layout(replace(with_modules, technique=RefreshedHeads()))
     fake_server.info["hsep_token_id"] = None
     async with fake_client(technique=None) as client:
         with caplog.at_level("WARNING", logger="minipic_client"):

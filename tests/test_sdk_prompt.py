@@ -172,7 +172,7 @@ def test_a_header_opens_the_first_segment_after_the_leading_text(builder, ids):
     header, head = positions(layout.token_ids, ids["pdep"])[:2]
     assert header % B == 0 and head == header + B and ids["hsep"] in layout.token_ids[head:]
     # Nothing after the leading documents: no header either.
-    assert technique.documents([DOC_A]) == [Text(DOC_A)]
+    assert technique.documents([DOC_A]) == [Text(DOC_A, shared=False)]
 
 
 def test_a_repeated_lead_is_laid_out_again_by_the_rest_after_the_header(builder, ids):
@@ -181,9 +181,25 @@ def test_a_repeated_lead_is_laid_out_again_by_the_rest_after_the_header(builder,
     same = builder.build([Text("sys"), Text(DOC_A), Dependent("Passages:\n"), RefreshedHeads().span(DOC_A),
                           RefreshedHeads().span(LONG), Dependent("q")])
     assert layout.token_ids == same.token_ids
-    # Both documents are spans: the repeat is cached like any span, the lead text is in the prefix.
-    assert [p.kind for p in layout.prefills] == ["prefix", "span", "span"]
-    assert technique.documents([DOC_A]) == [Text(DOC_A), Dependent("Passages:\n"), *RefreshedHeads().documents([DOC_A])]
+    # Both documents are spans: the repeat is cached like any span; the lead text is computed by the
+    # final ("sys" fills no whole block, so no prefix is prefilled).
+    assert [p.kind for p in layout.prefills] == ["span", "span"]
+    assert technique.documents([DOC_A]) == [Text(DOC_A, shared=False), Dependent("Passages:\n"),
+                                            *RefreshedHeads().documents([DOC_A])]  # fmt: skip
+
+
+def test_the_prefix_is_prefilled_up_to_the_leading_text_whatever_document_leads(builder, ids):
+    system = Text("Answer from the documents, briefly and exactly, and say which one. " * 2)
+    technique = LeadInContext(RefreshedHeads(), as_text=True, repeat=True)
+    layouts = [builder.build([system, *technique.documents(docs), Dependent("q")])
+               for docs in ([DOC_A, LONG], [LONG, DOC_A])]  # fmt: skip
+    prefixes = [[p for p in layout.prefills if p.kind == "prefix"] for layout in layouts]
+    assert [p.key for p in prefixes[0]] == [p.key for p in prefixes[1]] and len(prefixes[0]) == 1  # one serves both
+    (prefix,) = prefixes[0]
+    system_ids = builder.build([system]).token_ids  # the last segment: not padded
+    assert len(prefix.token_ids) == len(system_ids) // B * B > 0
+    for layout in layouts:
+        assert layout.token_ids[: len(prefix.token_ids)] == list(prefix.token_ids)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

@@ -146,7 +146,6 @@ async def test_a_replica_stopped_mid_run_and_started_again(
         assert any(f"{victim_name} failed" in r.getMessage() for r in caplog.records)  # it failed mid-run
         # The victim answered at most the four before its crash.
         assert sum(e.kind == "final" and e.endpoint == victim_name for e in events) <= 4
-        assert any(e.endpoint == victim_name for e in events)  # it held documents before the crash
 
         port = int(victim.url.rsplit(":", 1)[1])
         replicas[1] = start(victim.spec, victim.model_dir, server_pool.log_dir, port)

@@ -4,6 +4,7 @@ explicit mask, the same whether the spans were prefilled first or never, moved o
 from __future__ import annotations
 
 import random
+import uuid
 from pathlib import Path
 
 import httpx
@@ -114,7 +115,8 @@ HIDDEN_HEAD_TECHNIQUES = [
 
 @pytest.mark.parametrize("technique", HIDDEN_HEAD_TECHNIQUES, ids=repr)
 async def test_the_clients_hidden_head_layouts_are_exact_through_the_server(pic_server, reference, technique) -> None:
-    docs = [f"Report {i} of the {type(technique).__name__} run: the river runs past mill {i}, the bridge "
+    tag = uuid.uuid4().hex[:8]  # documents of their own: no other test's blocks are found cached
+    docs = [f"Report {i} of run {tag}: the river runs past mill {i}, the bridge "
             f"and the old school, then turns east towards the sea.\n" for i in range(3)]  # fmt: skip
     request = RagRequest("Which mill?", docs, "Answer from the documents.", technique=technique, raw=True,
                          max_tokens=4)  # fmt: skip

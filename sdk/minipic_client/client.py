@@ -31,6 +31,7 @@ from minipic_client.prompt import (
     BlockAttention,
     ChatTemplate,
     Dependent,
+    LeadInContext,
     Part,
     Prefill,
     PromptBuilder,
@@ -438,7 +439,7 @@ class SpanClient:
         check_documents(request.docs)
         if not isinstance(request.task, str) or not request.task.strip():
             raise PromptError(f"task must be a non-empty string, got {request.task!r}")
-        technique = request.technique or self.default_technique
+        technique = self._technique_for(request)
         laid_out = technique.documents(request.docs)
         if request.modules and laid_out and isinstance(laid_out[0], Text):
             raise PromptError(
@@ -452,6 +453,17 @@ class SpanClient:
             return self.layout(parts, strategy=strategy, add_special_tokens=False)
         head: list[Part] = [Text(request.system)] if request.system else []
         return self.layout([*head, *documents, Dependent(request.task)], strategy=strategy)
+
+    def _technique_for(self, request: RagRequest) -> Technique:
+        """The call's technique, else the client's default. Modules are spans before the
+        documents, where no document can continue the system prompt as text: a default that
+        leads with text lays a call with modules out by its `rest` (refreshed heads)."""
+        if request.technique is not None:
+            return request.technique
+        default = self.default_technique
+        if request.modules and isinstance(default, LeadInContext) and default.as_text:
+            return default.rest
+        return default
 
     async def generate(
         self,

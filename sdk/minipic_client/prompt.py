@@ -59,10 +59,13 @@ from minipic_client.tokens import TokenCache, TokenIds, unicode_problem
 @dataclass(frozen=True, slots=True)
 class Text:
     """Text continuing the current segment. ``template=True``: chat-template text whose
-    special tokens are meant (user text never gets special tokens)."""
+    special tokens are meant (user text never gets special tokens). ``shared=False``: text
+    that differs from prompt to prompt (a document continuing the prefix): the prefix is
+    prefilled, once for every prompt, only up to it, and each final prompt computes it."""
 
     text: str
     template: bool = False
+    shared: bool = True
 
 
 Head = Literal["shown", "hidden", "refreshed", "joined", "prefix-sink"]
@@ -201,7 +204,7 @@ class LeadInContext:
             raise PromptError(f"LeadInContext(header={self.header!r}): a header needs text (None: no header)")
 
     def documents(self, docs: Sequence[str]) -> list[Part]:
-        leading = list(map(Text if self.as_text else Dependent, docs[: self.lead]))
+        leading = [Text(doc, shared=False) if self.as_text else Dependent(doc) for doc in docs[: self.lead]]
         rest = docs if self.repeat else docs[self.lead :]
         header = [Dependent(self.header)] if self.header is not None and rest else []
         return [*leading, *header, *self.rest.documents(rest)]
@@ -377,7 +380,14 @@ class PromptBuilder:
             if not followed:
                 return (_Piece(ids, None),)
             ids = self._pad(ids)
-            return (_Piece(ids, Prefill.of("prefix", ids)),)
+            own = next((i for i, text in enumerate(texts) if not text.shared), None)
+            if own is None:
+                return (_Piece(ids, Prefill.of("prefix", ids)),)
+            # Prefilled: the whole blocks before the first text of this prompt's own.
+            before = (self._tokens.leading_ids if leading else ()) + self._text_ids(texts[:own])
+            shared = len(before) // self._block * self._block
+            rest = _Piece(ids[shared:], None)
+            return (_Piece(ids[:shared], Prefill.of("prefix", ids[:shared])), rest) if shared else (rest,)
         body = self._tokens.encode(opener.text)
         if isinstance(opener, Dependent):
             ids = (self._pdep, *body, *trailing)
