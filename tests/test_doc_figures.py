@@ -1619,10 +1619,12 @@ def test_the_default_layouts_figures_match_their_results() -> None:
     repeat, refreshed = (f"{summary[layout]['vs_full']['difference'] * 100:+.1f}".replace("+", "")
                          for layout in ("lead_text_repeat_refreshed_heads", "refreshed_heads"))  # fmt: skip
     assert f"{repeat} points against refreshed heads' {refreshed} ({g} answers gained, {lost} lost, {p})" in text
-    shares = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]
+    shares = _result("accuracy-layout-shares-smollm2-03dc5e1.json")["families"]["single"]
     new, old = (f"{shares[layout]['from_cache']:.0%}"
                 for layout in ("lead_text_repeat_refreshed_heads", "refreshed_heads"))  # fmt: skip
     assert f"{new} of a final prompt from the cache once spans are cached, against refreshed heads' {old}" in text
+    earlier = _result("accuracy-layout-shares-smollm2.json")["families"]["single"]
+    assert f"the count of the tables below, {earlier['lead_text_repeat_refreshed_heads']['from_cache']:.0%}," in text
     client = " ".join((ROOT / "docs/client.md").read_text().split())
     ranked_loss = -ranked["families"]["single"]["summary"]["refreshed_heads"]["vs_full"]["difference"] * 100
     below = f"{-float(repeat):.1f}"
