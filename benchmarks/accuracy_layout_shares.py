@@ -31,6 +31,8 @@ from provenance import provenance
 
 # SmolLM2-135M-Instruct's markers as `minipic serve` picks them (docs/accuracy.md), block size 16.
 MARKERS = {"hsep_token_id": 13, "ssep_token_id": 14, "pdep_token_id": 15, "pad_token_id": 16}
+# What opens a segment (the pad only fills one).
+SEGMENT_OPENERS = frozenset(MARKERS.values()) - {MARKERS["pad_token_id"]}
 # The SDK's layouts by the harness's names (`--layout refreshed-heads` is `refreshed_heads`), and one more.
 TECHNIQUES = {name.replace("-", "_"): technique for name, technique in SDK_TECHNIQUES.items()}
 TECHNIQUES["refreshed_heads_joined"] = RefreshedHeads(join_prefix=True)
@@ -81,8 +83,7 @@ def main() -> None:
 
 def prefix_segment(layout: PromptLayout) -> tuple[int, ...]:
     """The prompt's tokens before its first marker: the system turn and any document continuing it."""
-    markers = set(MARKERS.values()) - {MARKERS["pad_token_id"]}
-    end = next((i for i, token in enumerate(layout.token_ids) if token in markers), len(layout.token_ids))
+    end = next((i for i, token in enumerate(layout.token_ids) if token in SEGMENT_OPENERS), len(layout.token_ids))
     return tuple(layout.token_ids[:end])
 
 

@@ -1616,9 +1616,10 @@ def test_the_default_layouts_figures_match_their_results() -> None:
     summary = families["single"]["summary"]
     g, lost, p = _pairing((q["answers"] for q in families["single"]["questions"]),
                           "lead_text_repeat_refreshed_heads", "refreshed_heads")  # fmt: skip
-    repeat, refreshed = (f"{summary[layout]['vs_full']['difference'] * 100:+.1f}".replace("+", "")
-                         for layout in ("lead_text_repeat_refreshed_heads", "refreshed_heads"))  # fmt: skip
-    assert f"{repeat} points against refreshed heads' {refreshed} ({g} answers gained, {lost} lost, {p})" in text
+    repeat_loss, refreshed_loss = (-summary[layout]["vs_full"]["difference"] * 100
+                                   for layout in ("lead_text_repeat_refreshed_heads", "refreshed_heads"))  # fmt: skip
+    assert (f"-{repeat_loss:.1f} points against refreshed heads' -{refreshed_loss:.1f} ({g} answers gained, "
+            f"{lost} lost, {p})") in text  # fmt: skip
     shares = _result("accuracy-layout-shares-smollm2-03dc5e1.json")["families"]["single"]
     new, old = (f"{shares[layout]['from_cache']:.0%}"
                 for layout in ("lead_text_repeat_refreshed_heads", "refreshed_heads"))  # fmt: skip
@@ -1627,9 +1628,8 @@ def test_the_default_layouts_figures_match_their_results() -> None:
     assert f"the count of the tables below, {earlier['lead_text_repeat_refreshed_heads']['from_cache']:.0%}," in text
     client = " ".join((ROOT / "docs/client.md").read_text().split())
     ranked_loss = -ranked["families"]["single"]["summary"]["refreshed_heads"]["vs_full"]["difference"] * 100
-    below = f"{-float(repeat):.1f}"
-    assert f"(refreshed heads alone lose {ranked_loss:.0f} points there), and {below} points below" in client
+    assert f"(refreshed heads alone lose {ranked_loss:.0f} points there), and {repeat_loss:.1f} points below" in client
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"where refreshed heads lose {ranked_loss:.0f} points" in readme
     assert f"taking {new} of a prompt from the cache" in client
-    assert f"({old} from the cache, {-float(refreshed):.1f} points" in client
+    assert f"({old} from the cache, {refreshed_loss:.1f} points" in client
