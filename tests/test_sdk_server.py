@@ -29,23 +29,26 @@ SYSTEM = "Answer from the documents."
 
 
 def fresh_docs(n: int) -> list[str]:
-    """Documents no earlier test put in this module's server cache."""
+    """Documents no earlier test put in this module's server cache, each different from its
+    first token on (the default layout lays the first document out as text after the system
+    prompt, where a block the documents' shared opening words fill would be cached)."""
     tag = uuid.uuid4().hex[:8]
     return [
-        f"Report {tag} number {i}: the river runs past mill {i} and the old school.\n"
+        f"{i}. Report {tag}: the river runs past mill {i} and the old school.\n"
         for i in range(n)
     ]
 
 
 async def test_rag_reports_documents_cached(pic_server):
     docs = fresh_docs(3)
+    system = f"{SYSTEM} Case {uuid.uuid4().hex[:8]}."  # no earlier test's text after it
     async with SpanClient(pic_server.url) as client:
-        first = await client.rag(system=SYSTEM, docs=docs, task="Which mill?", max_tokens=4)
-        reordered = RagRequest("Which school?", docs[::-1], SYSTEM, max_tokens=4)
+        first = await client.rag(system=system, docs=docs, task="Which mill?", max_tokens=4)
+        reordered = RagRequest("Which school?", docs[::-1], system, max_tokens=4)
         second = await client.rag(
-            system=SYSTEM, docs=docs[::-1], task="Which school?", max_tokens=4
+            system=system, docs=docs[::-1], task="Which school?", max_tokens=4
         )
-        expected_first = client.rag_layout(RagRequest("Which mill?", docs, SYSTEM)).cacheable_tokens
+        expected_first = client.rag_layout(RagRequest("Which mill?", docs, system)).cacheable_tokens
         expected_second = client.rag_layout(reordered).cacheable_tokens
     assert first.cached_tokens == expected_first > 0
     assert second.cached_tokens == expected_second == expected_first
