@@ -108,6 +108,12 @@ register("lead_text_repeat_refreshed_heads", "the first passage as plain text, t
 register("lead_text_leadin_repeat_refreshed_heads", "the first passage as plain text, the fixed header `Dependent`, "
          "then every passage, the first again, as refreshed heads: the repeat wins the first place back, the header "
          "the second", technique=lambda ctx: HEADER_REPEAT)  # fmt: skip
+register("lead_text_refreshed_heads_first_last", "the first passage as plain text, then the others and the first "
+         "again as refreshed heads: the first passage's span right before the question",
+         technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads()))  # fmt: skip
+register("lead_text_refreshed_heads_reversed", "the first passage as plain text, then every passage as refreshed "
+         "heads in reverse order: the first passage's span right before the question",
+         technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads(), reverse=True))  # fmt: skip
 register("full_task_first", "plain prompt with the question also before the passages: full attention",
          task_first=True)  # fmt: skip
 register("refreshed_heads_task_first", "the question also before the passages, as text continuing the prefix, so "
@@ -139,6 +145,21 @@ class MarkerLeadIn:
         parts = list(self.rest.documents(docs))
         first = next((i for i, part in enumerate(parts) if not isinstance(part, Text)), len(parts))
         return [*parts[:first], Dependent(self.text), *parts[first:]]
+
+
+@dataclass(frozen=True)
+class LeadTextThenSpans:
+    """The first passage as text continuing the prefix, then every passage as `rest`, arranged
+    so the first passage's span sits right before the question: after the others in their
+    order (`reverse` False) or with all of them reversed (True). A ranked prompt's best
+    passage then sits both where full attention reads it best and where spans answer best."""
+
+    rest: Technique
+    reverse: bool = False
+
+    def documents(self, docs: Sequence[str]) -> list[Part]:
+        spans = list(docs[::-1]) if self.reverse else [*docs[1:], *docs[:1]]
+        return [Text(docs[0], shared=False), *self.rest.documents(spans)] if docs else []
 
 
 @dataclass(frozen=True)
