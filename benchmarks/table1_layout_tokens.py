@@ -1,0 +1,100 @@
+"""Table 1's prompts under each layout, counted without a server: what a final prompt holds,
+what it should find cached, what the span and prefix prefills add, and how many distinct
+tokens one run writes to the KV cache.
+
+A served run (`served.py --parts table1`) reports the share of its final prompts' tokens that
+the server found cached; this says what the layouts promise, so a shortfall shows the cache
+losing blocks (evicted before a later sample used them again) rather than the layout. The
+SDK's own `SpanClient.rag_layout` lays the samples out, against a stand-in for `/minipic/info`
+with `minipic serve`'s markers for the Llama 3 tokenizer (the ids the H200 runs log). A leading
+document as text counts as cached where an earlier sample opened with the same one, as
+vLLM's prefix cache finds it.
+
+    .venv/bin/python benchmarks/table1_layout_tokens.py --passages ../shared/data/2wiki_passages.json \\
+        --tokenizer ../shared/data/llama3-tokenizer --layout refreshed-heads lead-text-repeat-refreshed-heads \\
+        --out benchmarks/results/table1-layout-tokens.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+
+from minipic_client import SpanClient
+from minipic_client.prompt import TECHNIQUES, PromptLayout
+from minipic_protocol.info import ServerInfo
+
+from provenance import provenance
+from served import table1_requests
+
+# `minipic serve`'s markers for the Llama 3 tokenizer (its reserved special tokens).
+LLAMA3_MARKERS = {"ssep_token_id": 128020, "pdep_token_id": 128021, "pad_token_id": 128022, "hsep_token_id": 128023}
+
+
+def info_transport(tokenizer: Path, block_size: int) -> httpx.MockTransport:
+    """Answers `/minipic/info` only: laying a prompt out asks the server nothing else."""
+    info = ServerInfo(block_size=block_size, **LLAMA3_MARKERS, max_num_seqs=256, max_model_len=40960,
+                      model="table1", tokenizer=str(tokenizer), vllm_version="none", minipic_version="none",
+                      instance_id="offline").to_json()  # fmt: skip
+    return httpx.MockTransport(lambda request: httpx.Response(200, json=info))
+
+
+def opening(layout: PromptLayout) -> tuple[int, ...]:
+    """The final prompt's tokens before its first marker: the system turn and a document continuing it."""
+    openers = {LLAMA3_MARKERS[k] for k in ("ssep_token_id", "pdep_token_id", "hsep_token_id")}
+    end = next((i for i, token in enumerate(layout.token_ids) if token in openers), len(layout.token_ids))
+    return tuple(layout.token_ids[:end])
+
+
+async def count(layout_name: str, args: argparse.Namespace, requests: list) -> dict:
+    transport = info_transport(args.tokenizer, args.block_size)
+    async with SpanClient("http://offline", technique=TECHNIQUES[layout_name], transport=transport) as client:
+        final = cached = prefilled = 0
+        keys: set[bytes] = set()
+        openings: set[tuple[int, ...]] = set()
+        for request in requests:
+            layout = client.rag_layout(request)
+            head = opening(layout)
+            prefix = sum(len(p.token_ids) for p in layout.prefills if p.kind == "prefix")
+            reused_head = len(head) - prefix if head in openings else 0
+            openings.add(head)
+            final += len(layout.token_ids)
+            cached += layout.cacheable_tokens + reused_head
+            for prefill in layout.prefills:
+                if prefill.key not in keys:
+                    keys.add(prefill.key)
+                    prefilled += len(prefill.token_ids)
+    n = len(requests)
+    return {
+        "final_tokens_per_sample": round(final / n, 1),
+        "final_cached_fraction": round(cached / final, 4),
+        "final_computed_per_sample": round((final - cached) / n, 1),
+        "prefill_tokens_per_sample": round(prefilled / n, 1),
+        "computed_per_sample": round((final - cached + prefilled) / n, 1),
+        "distinct_tokens_written": final - cached + prefilled,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passages", type=Path, required=True, help="2wiki_passages.json")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="the Llama 3 tokenizer's folder")
+    parser.add_argument("--layout", nargs="+", choices=list(TECHNIQUES), default=["refreshed-heads"], dest="layouts")
+    parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    _, _, by_tokens = table1_requests(json.loads(args.passages.read_bytes()), args.samples, [1])
+    rows = {name: asyncio.run(count(name, args, by_tokens[1])) for name in args.layouts}
+    for name, row in rows.items():
+        print(name, row)
+    result = {"provenance": provenance(), "samples": args.samples, "block_size": args.block_size, "layouts": rows}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
