@@ -455,6 +455,12 @@ async def test_calls_naming_no_layout_lead_with_text_then_refreshed_heads_or_blo
         client.add_module("policy", DOCS[2])
         with_modules = RagRequest("q", [DOCS[0] * 3], SYSTEM, modules=["policy"])
         assert client.rag_layout(with_modules) == client.rag_layout(replace(with_modules, technique=RefreshedHeads()))
+    # The plain prompt holds each document once, whatever the default adds to its PIC layout.
+    async with fake_client(technique=None) as client:
+        request = RagRequest("q", DOCS[:3], SYSTEM)
+        plain = client.rag_layout(request, strategy=Strategy.BASELINE)
+        assert plain == client.rag_layout(replace(request, technique=BlockAttention()), strategy=Strategy.BASELINE)
+        assert not plain.prefills and len(plain.token_ids) < len(client.rag_layout(request).token_ids)
     fake_server.info["hsep_token_id"] = None
     async with fake_client(technique=None) as client:
         with caplog.at_level("WARNING", logger="minipic_client"):

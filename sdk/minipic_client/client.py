@@ -439,7 +439,7 @@ class SpanClient:
         check_documents(request.docs)
         if not isinstance(request.task, str) or not request.task.strip():
             raise PromptError(f"task must be a non-empty string, got {request.task!r}")
-        technique = self._technique_for(request)
+        technique = self._technique_for(request, strategy)
         laid_out = technique.documents(request.docs)
         if request.modules and laid_out and isinstance(laid_out[0], Text):
             raise PromptError(
@@ -454,12 +454,16 @@ class SpanClient:
         head: list[Part] = [Text(request.system)] if request.system else []
         return self.layout([*head, *documents, Dependent(request.task)], strategy=strategy)
 
-    def _technique_for(self, request: RagRequest) -> Technique:
-        """The call's technique, else the client's default. Modules are spans before the
-        documents, where no document can continue the system prompt as text: a default that
-        leads with text lays a call with modules out by its `rest` (refreshed heads)."""
+    def _technique_for(self, request: RagRequest, strategy: Strategy) -> Technique:
+        """The call's technique, else the client's default. A plain prompt (``BASELINE``) holds
+        each document once, in order: a default's extra parts (a document repeated, a header)
+        are its PIC layout, not the prompt. Modules are spans before the documents, where no
+        document can continue the system prompt as text: a default that leads with text lays a
+        call with modules out by its `rest` (refreshed heads)."""
         if request.technique is not None:
             return request.technique
+        if not strategy.pic:
+            return _BLOCK_ATTENTION  # its spans, built without markers, are the documents' text
         default = self.default_technique
         if request.modules and isinstance(default, LeadInContext) and default.as_text:
             return default.rest
