@@ -47,6 +47,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h200-lead2-leadin.json.gz": 15,  # 3 families x 5 layouts
     "accuracy-families-smollm2-cpu-repeat-header.json": 2,  # single facts: full, the header before the repeat
     "accuracy-families-smollm2-cpu-ranked.json": 3,  # ranked single facts: full, refreshed heads, the default
+    "accuracy-families-smollm2-h100-ranked.json.gz": 12,  # ranked, 3 families x 4 layouts
 }
 
 
@@ -1633,3 +1634,47 @@ def test_the_default_layouts_figures_match_their_results() -> None:
     assert f"where refreshed heads lose {ranked_loss:.0f} points" in readme
     assert f"taking {new} of a prompt from the cache" in client
     assert f"({old} from the cache, {refreshed_loss:.1f} points" in client
+
+
+def test_the_defaults_h100_figures_match_their_results() -> None:
+    """docs/accuracy.md's default section and docs/benchmarks.md on the H100 runs: ranked
+    accuracy pairings, the default's Table 1 row and the layouts' offline token counts."""
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    ranked = _result("accuracy-families-smollm2-h100-ranked.json.gz")
+    assert ranked["meta"]["order"] == "ranked" and not ranked["meta"]["dirty"]
+    families = ranked["families"]
+    default = "lead_text_repeat_refreshed_heads"
+    gained, lost, _ = _pairing((q["answers"] for q in families["single"]["questions"]), default, "refreshed_heads")
+    assert f"answers {gained} single facts right that refreshed heads miss and misses {lost} they answer" in doc
+    bridge = families["bridge"]["questions"]
+    film_first = sum(q["gold_positions"][0] == 0 for q in bridge)
+    assert f"the film's passage first in {film_first} of the {len(bridge)} bridge" in doc
+    loss = {(f, layout): families[f]["summary"][layout]["vs_full"]["difference"] * 100
+            for f in ("bridge", "synthetic") for layout in (default, "block")}  # fmt: skip
+    recovered = 1 - loss["bridge", default] / loss["bridge", "block"]
+    assert (f"recovers {recovered:.0%} of Block-Attention's bridge loss ({loss['bridge', default]:+.1f} against "
+            f"{loss['bridge', 'block']:+.1f}) and all of its synthetic loss ({loss['synthetic', default]:+.1f} "
+            f"against {loss['synthetic', 'block']:+.1f})") in doc  # fmt: skip
+    rows = _result("served-h100-table1-a6f19d2-default.json")["table1"]
+    ours = tables.median_run([r for r in rows if r["server"] == "pic-256"])
+    stock = tables.median_run([r for r in rows if r["server"] == "stock-fa3"])
+    per_sample = ours["computed_prompt_tokens_per_s"] / ours["samples_per_s"]
+    assert (f"{ours['samples_per_s']:.1f} samples/s, {ours['final_cached_fraction']:.1%} of its final prompts from "
+            f"the cache, {per_sample:,.0f} prompt tokens computed per sample") in doc  # fmt: skip
+    sent, table1 = (r["final_prompt_tokens_per_s"] / r["samples_per_s"]
+                    for r in (stock, _table1_medians(LATEST, STOCK_FA3)[1]))  # fmt: skip
+    assert f"({sent:,.0f} tokens a sample against Table 1's {table1:,.0f};" in doc
+    counts = _result("table1-layout-tokens.json")["layouts"]
+    promised = counts["lead-text-repeat-refreshed-heads"]
+    assert f"promises {promised['final_cached_fraction']:.1%} and {promised['computed_per_sample']:,.0f}" in doc
+    assert (f"it gives the {counts['block']['final_cached_fraction']:.1%} and "
+            f"{counts['refreshed-heads']['final_cached_fraction']:.1%} their H200 runs measured") in doc  # fmt: skip
+    assert (f"writes {promised['distinct_tokens_written']:,} distinct tokens in this layout "
+            f"({counts['refreshed-heads']['distinct_tokens_written']:,} with refreshed heads)") in doc  # fmt: skip
+    single = families["single"]["summary"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"it stays {-single[default]['vs_full']['difference'] * 100:.1f} points below full attention, where "
+            f"refreshed heads stay {-single['refreshed_heads']['vs_full']['difference'] * 100:.1f} below") in readme
+    assert f"ranked ({single[default]['vs_full']['difference'] * 100:.1f} on the H100)" in doc
+    bench = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    assert f"1,270 prompt tokens a sample against Table 1's {table1:,.0f}" in bench and f"{sent:,.0f}" == "1,270"
