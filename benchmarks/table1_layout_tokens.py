@@ -23,13 +23,13 @@ import json
 from pathlib import Path
 
 import httpx
+from served import table1_requests
 
 from minipic_client import SpanClient
 from minipic_client.prompt import TECHNIQUES, PromptLayout
 from minipic_protocol.info import ServerInfo
 
 from provenance import provenance
-from served import table1_requests
 
 # `minipic serve`'s markers for the Llama 3 tokenizer (its reserved special tokens).
 LLAMA3_MARKERS = {"ssep_token_id": 128020, "pdep_token_id": 128021, "pad_token_id": 128022, "hsep_token_id": 128023}
