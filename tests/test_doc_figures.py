@@ -48,6 +48,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-repeat-header.json": 2,  # single facts: full, the header before the repeat
     "accuracy-families-smollm2-cpu-ranked.json": 3,  # ranked single facts: full, refreshed heads, the default
     "accuracy-families-smollm2-h100-ranked.json.gz": 12,  # ranked, 3 families x 4 layouts
+    "accuracy-families-smollm2-cpu-ranked-first-last.json": 4,  # ranked single facts: the first span last
 }
 
 
@@ -1676,5 +1677,10 @@ def test_the_defaults_h100_figures_match_their_results() -> None:
     assert (f"it stays {-single[default]['vs_full']['difference'] * 100:.1f} points below full attention, where "
             f"refreshed heads stay {-single['refreshed_heads']['vs_full']['difference'] * 100:.1f} below") in readme
     assert f"ranked ({single[default]['vs_full']['difference'] * 100:.1f} on the H100)" in doc
+    moved = _result("accuracy-families-smollm2-cpu-ranked-first-last.json")["families"]["single"]["questions"]
+    pairs = [_pairing((q["answers"] for q in moved), f"lead_text_refreshed_heads_{where}", default)
+             for where in ("first_last", "reversed")]  # fmt: skip
+    assert (f"they gain {pairs[0][0]} and lose {pairs[0][1]} ({pairs[0][2]}), and gain {pairs[1][0]} and lose "
+            f"{pairs[1][1]} ({pairs[1][2]})") in doc  # fmt: skip
     bench = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
     assert f"1,270 prompt tokens a sample against Table 1's {table1:,.0f}" in bench and f"{sent:,.0f}" == "1,270"
