@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from minipic_client import RefreshedHeads, Tokenizer
@@ -59,19 +60,13 @@ def main() -> None:
         questions = build_family(family, facts, corpus, args.questions, 6, 150, random.Random(f"0:{family}"))
         rows = result["families"][family] = {}
         for name, technique in TECHNIQUES.items():
-            cached = total = plain = 0
+            plain = 0
             laid_out = []
             for q in questions:
                 parts = chat.parts(SYSTEM, technique.documents([corpus.texts[i] for i in q.passages]), q.question)
                 laid_out.append(builder.build(parts, add_special_tokens=False))
                 plain += len(builder.build(parts, pic=False, add_special_tokens=False).token_ids)
-            openings: set[tuple[int, ...]] = set()
-            for layout in laid_out:
-                opening = prefix_segment(layout)
-                prefilled = sum(len(p.token_ids) for p in layout.prefills if p.kind == "prefix")
-                seen = len(opening) - prefilled if opening in openings else 0
-                openings.add(opening)
-                cached, total = cached + layout.cacheable_tokens + seen, total + len(layout.token_ids)
+            cached, total = steady_cached_tokens(laid_out, SEGMENT_OPENERS), sum(len(x.token_ids) for x in laid_out)
             rows[name] = {
                 "from_cache": round(cached / total, 4),
                 "computed_vs_plain": round((total - cached) / plain, 4),
@@ -81,10 +76,21 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
-def prefix_segment(layout: PromptLayout) -> tuple[int, ...]:
-    """The prompt's tokens before its first marker: the system turn and any document continuing it."""
-    end = next((i for i, token in enumerate(layout.token_ids) if token in SEGMENT_OPENERS), len(layout.token_ids))
-    return tuple(layout.token_ids[:end])
+def steady_cached_tokens(layouts: Iterable[PromptLayout], openers: Collection[int]) -> int:
+    """The tokens of `layouts`, sent in turn once their spans are cached, that come from the
+    cache: each one's cacheable tokens, plus its opening (the tokens before its first marker in
+    `openers`: the system turn and any document continuing it) past the prefix prefill wherever
+    an earlier prompt opened the same way, as vLLM's prefix cache finds it."""
+    cached = 0
+    openings: set[tuple[int, ...]] = set()
+    for layout in layouts:
+        end = next((i for i, token in enumerate(layout.token_ids) if token in openers), len(layout.token_ids))
+        opening = tuple(layout.token_ids[:end])
+        if opening in openings:
+            cached += len(opening) - sum(len(p.token_ids) for p in layout.prefills if p.kind == "prefix")
+        openings.add(opening)
+        cached += layout.cacheable_tokens
+    return cached
 
 
 if __name__ == "__main__":

@@ -23,52 +23,37 @@ import json
 from pathlib import Path
 
 import httpx
+from accuracy_layout_shares import steady_cached_tokens
 from served import table1_requests
 
 from minipic_client import SpanClient
-from minipic_client.prompt import TECHNIQUES, PromptLayout
+from minipic_client.prompt import TECHNIQUES
 from minipic_protocol.info import ServerInfo
 
 from provenance import provenance
 
-# `minipic serve`'s markers for the Llama 3 tokenizer (its reserved special tokens).
-LLAMA3_MARKERS = {"ssep_token_id": 128020, "pdep_token_id": 128021, "pad_token_id": 128022, "hsep_token_id": 128023}
+# `minipic serve`'s markers for the Llama 3 tokenizer (its reserved special tokens), in `--markers` order.
+LLAMA3_MARKERS = (128020, 128021, 128022, 128023)
+MARKER_KEYS = ("ssep_token_id", "pdep_token_id", "pad_token_id", "hsep_token_id")
 
 
-def info_transport(tokenizer: Path, block_size: int) -> httpx.MockTransport:
+def info_transport(tokenizer: Path, block_size: int, markers: dict[str, int]) -> httpx.MockTransport:
     """Answers `/minipic/info` only: laying a prompt out asks the server nothing else."""
-    info = ServerInfo(block_size=block_size, **LLAMA3_MARKERS, max_num_seqs=256, max_model_len=40960,
-                      model="table1", tokenizer=str(tokenizer), vllm_version="none", minipic_version="none",
+    info = ServerInfo(block_size=block_size, **markers, max_num_seqs=256, max_model_len=40960, model="table1",
+                      tokenizer=str(tokenizer), vllm_version="none", minipic_version="none",
                       instance_id="offline").to_json()  # fmt: skip
     return httpx.MockTransport(lambda request: httpx.Response(200, json=info))
 
 
-def opening(layout: PromptLayout) -> tuple[int, ...]:
-    """The final prompt's tokens before its first marker: the system turn and a document continuing it."""
-    openers = {LLAMA3_MARKERS[k] for k in ("ssep_token_id", "pdep_token_id", "hsep_token_id")}
-    end = next((i for i, token in enumerate(layout.token_ids) if token in openers), len(layout.token_ids))
-    return tuple(layout.token_ids[:end])
-
-
 async def count(layout_name: str, args: argparse.Namespace, requests: list) -> dict:
-    transport = info_transport(args.tokenizer, args.block_size)
+    markers = dict(zip(MARKER_KEYS, args.markers))
+    transport = info_transport(args.tokenizer, args.block_size, markers)
     async with SpanClient("http://offline", technique=TECHNIQUES[layout_name], transport=transport) as client:
-        final = cached = prefilled = 0
-        keys: set[bytes] = set()
-        openings: set[tuple[int, ...]] = set()
-        for request in requests:
-            layout = client.rag_layout(request)
-            head = opening(layout)
-            prefix = sum(len(p.token_ids) for p in layout.prefills if p.kind == "prefix")
-            reused_head = len(head) - prefix if head in openings else 0
-            openings.add(head)
-            final += len(layout.token_ids)
-            cached += layout.cacheable_tokens + reused_head
-            for prefill in layout.prefills:
-                if prefill.key not in keys:
-                    keys.add(prefill.key)
-                    prefilled += len(prefill.token_ids)
-    n = len(requests)
+        layouts = [client.rag_layout(request) for request in requests]
+    final = sum(len(layout.token_ids) for layout in layouts)
+    cached = steady_cached_tokens(layouts, {markers[k] for k in MARKER_KEYS if k != "pad_token_id"})
+    prefills = {p.key: len(p.token_ids) for layout in layouts for p in layout.prefills}
+    prefilled, n = sum(prefills.values()), len(requests)
     return {
         "final_tokens_per_sample": round(final / n, 1),
         "final_cached_fraction": round(cached / final, 4),
@@ -86,6 +71,8 @@ def main() -> None:
     parser.add_argument("--layout", nargs="+", choices=list(TECHNIQUES), default=["refreshed-heads"], dest="layouts")
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--markers", type=int, nargs=4, default=LLAMA3_MARKERS, metavar=("SSEP", "PDEP", "PAD", "HSEP"),
+                        help="the server's marker ids (default: minipic serve's for the Llama 3 tokenizer)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     _, _, by_tokens = table1_requests(json.loads(args.passages.read_bytes()), args.samples, [1])

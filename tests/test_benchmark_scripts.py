@@ -72,6 +72,30 @@ def test_the_cached_ttft_profile_runs(server_pool: ServerPool, tiny_model_dir: P
         assert row["server_first_token_s"] < 2 * row["ttft_quartiles_s"][2]
 
 
+def test_the_table1_token_counts_order_the_layouts(tiny_model_dir: Path, passages: Path, tmp_path: Path) -> None:
+    """No server: Block-Attention takes the most of a final prompt from the cache and computes
+    least, refreshed heads compute each passage's first block, the default also the first passage."""
+    from tokenizers import Tokenizer
+
+    from minipic_server.markers import HSEP_TOKEN, PAD_TOKEN, PDEP_TOKEN, SSEP_TOKEN
+
+    vocab = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")).get_vocab()
+    out = tmp_path / "counts.json"
+    command = [sys.executable, str(REPO / "benchmarks" / "table1_layout_tokens.py"), "--passages", str(passages),
+               "--tokenizer", str(tiny_model_dir), "--samples", "40", "--out", str(out),
+               "--markers", *(str(vocab[t]) for t in (SSEP_TOKEN, PDEP_TOKEN, PAD_TOKEN, HSEP_TOKEN)),
+               "--layout", "block", "refreshed-heads", "lead-text-repeat-refreshed-heads"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["layouts"]
+    block, refreshed, default = (rows[n] for n in ("block", "refreshed-heads", "lead-text-repeat-refreshed-heads"))
+    assert block["final_cached_fraction"] > refreshed["final_cached_fraction"] > default["final_cached_fraction"]
+    assert block["computed_per_sample"] < refreshed["computed_per_sample"] < default["computed_per_sample"]
+    assert block["prefill_tokens_per_sample"] == pytest.approx(refreshed["prefill_tokens_per_sample"], rel=0.05)
+    for row in rows.values():
+        assert row["distinct_tokens_written"] == pytest.approx(40 * row["computed_per_sample"], abs=4)
+
+
 def test_the_client_overhead_benchmark_runs(tiny_model_dir: Path) -> None:
     command = [sys.executable, str(REPO / "benchmarks" / "client_overhead.py"), "--model", str(tiny_model_dir),
                "--docs", "2", "--calls", "20", "--warmup", "2"]  # fmt: skip
