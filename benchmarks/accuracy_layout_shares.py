@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from minipic_client import RefreshedHeads, Tokenizer
@@ -32,8 +32,6 @@ from provenance import provenance
 
 # SmolLM2-135M-Instruct's markers as `minipic serve` picks them (docs/accuracy.md), block size 16.
 MARKERS = {"hsep_token_id": 13, "ssep_token_id": 14, "pdep_token_id": 15, "pad_token_id": 16}
-# What opens a segment (the pad only fills one).
-SEGMENT_OPENERS = frozenset(MARKERS.values()) - {MARKERS["pad_token_id"]}
 # The SDK's layouts by the harness's names (`--layout refreshed-heads` is `refreshed_heads`), and one more.
 TECHNIQUES = {name.replace("-", "_"): technique for name, technique in SDK_TECHNIQUES.items()}
 TECHNIQUES["refreshed_heads_joined"] = RefreshedHeads(join_prefix=True)
@@ -66,7 +64,7 @@ def main() -> None:
                 parts = chat.parts(SYSTEM, technique.documents([corpus.texts[i] for i in q.passages]), q.question)
                 laid_out.append(builder.build(parts, add_special_tokens=False))
                 plain += len(builder.build(parts, pic=False, add_special_tokens=False).token_ids)
-            cached, total = steady_cached_tokens(laid_out, SEGMENT_OPENERS), sum(len(x.token_ids) for x in laid_out)
+            cached, total = steady_cached_tokens(laid_out, MARKERS), sum(len(x.token_ids) for x in laid_out)
             rows[name] = {
                 "from_cache": round(cached / total, 4),
                 "computed_vs_plain": round((total - cached) / plain, 4),
@@ -76,11 +74,13 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
-def steady_cached_tokens(layouts: Iterable[PromptLayout], openers: Collection[int]) -> int:
+def steady_cached_tokens(layouts: Iterable[PromptLayout], markers: Mapping[str, int]) -> int:
     """The tokens of `layouts`, sent in turn once their spans are cached, that come from the
-    cache: each one's cacheable tokens, plus its opening (the tokens before its first marker in
-    `openers`: the system turn and any document continuing it) past the prefix prefill wherever
-    an earlier prompt opened the same way, as vLLM's prefix cache finds it."""
+    cache: each one's cacheable tokens, plus its opening (the tokens before its first marker
+    other than the pad, which only fills a segment: the system turn and any document continuing
+    it) past the prefix prefill wherever an earlier prompt opened the same way, as vLLM's prefix
+    cache finds it."""
+    openers = {token for key, token in markers.items() if key != "pad_token_id"}
     cached = 0
     openings: set[tuple[int, ...]] = set()
     for layout in layouts:

@@ -51,7 +51,7 @@ async def count(layout_name: str, args: argparse.Namespace, requests: list) -> d
     async with SpanClient("http://offline", technique=TECHNIQUES[layout_name], transport=transport) as client:
         layouts = [client.rag_layout(request) for request in requests]
     final = sum(len(layout.token_ids) for layout in layouts)
-    cached = steady_cached_tokens(layouts, {markers[k] for k in MARKER_KEYS if k != "pad_token_id"})
+    cached = steady_cached_tokens(layouts, markers)
     prefills = {p.key: len(p.token_ids) for layout in layouts for p in layout.prefills}
     prefilled, n = sum(prefills.values()), len(requests)
     return {
