@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from collections.abc import Iterable
@@ -30,25 +29,25 @@ ROW = re.compile(
 ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h200-1000.json.gz": 21,  # 3 families x 7 layouts
     "accuracy-families-smollm2-h200.json.gz": 21,
-    "accuracy-families-smollm2-cpu-newline.json": 2,  # single facts: full, refreshed heads
-    "accuracy-families-smollm2-cpu-own.json": 2,
-    "accuracy-families-smollm2-cpu-lead.json": 3,  # single facts: full, refreshed heads, lead in context
-    "accuracy-families-smollm2-cpu-joined.json": 2,  # single facts: full, the first head joined to the prefix
-    "accuracy-families-smollm2-cpu-lead-text.json": 2,  # single facts: full, the first passage as prefix text
-    "accuracy-families-smollm2-cpu-front-pad.json": 3,  # single facts: full, two layouts with the pads first
-    "accuracy-families-smollm2-cpu-prefix-sink.json": 4,  # single facts: full, refreshed heads, prefix sink, block
-    "accuracy-families-smollm2-cpu-prefix-sink-synthetic.json": 4,  # the same layouts, synthetic facts
-    "accuracy-families-smollm2-cpu-leadin.json": 4,  # single facts: full, refreshed heads, two with the header
-    "accuracy-families-smollm2-cpu-lead-text-500.json": 2,  # single facts: full, the first passage as text
-    "accuracy-families-smollm2-cpu-header-synthetic.json": 3,  # synthetic facts: full, text first, with the header
+    "accuracy-families-smollm2-cpu-newline.json.gz": 2,  # single facts: full, refreshed heads
+    "accuracy-families-smollm2-cpu-own.json.gz": 2,
+    "accuracy-families-smollm2-cpu-lead.json.gz": 3,  # single facts: full, refreshed heads, lead in context
+    "accuracy-families-smollm2-cpu-joined.json.gz": 2,  # single facts: full, the first head joined to the prefix
+    "accuracy-families-smollm2-cpu-lead-text.json.gz": 2,  # single facts: full, the first passage as prefix text
+    "accuracy-families-smollm2-cpu-front-pad.json.gz": 3,  # single facts: full, two layouts with the pads first
+    "accuracy-families-smollm2-cpu-prefix-sink.json.gz": 4,  # single facts: full, refreshed heads, prefix sink, block
+    "accuracy-families-smollm2-cpu-prefix-sink-synthetic.json.gz": 4,  # the same layouts, synthetic facts
+    "accuracy-families-smollm2-cpu-leadin.json.gz": 4,  # single facts: full, refreshed heads, two with the header
+    "accuracy-families-smollm2-cpu-lead-text-500.json.gz": 2,  # single facts: full, the first passage as text
+    "accuracy-families-smollm2-cpu-header-synthetic.json.gz": 3,  # synthetic facts: full, text first, with the header
     "accuracy-families-smollm2-h200-header-task-first.json.gz": 24,  # 3 families x 8 layouts
-    "accuracy-families-smollm2-cpu-trailing-heads.json": 2,  # single facts: full, heads after the passages
-    "accuracy-families-smollm2-cpu-repeat-lead.json": 2,  # single facts: full, the first passage again as a span
+    "accuracy-families-smollm2-cpu-trailing-heads.json.gz": 2,  # single facts: full, heads after the passages
+    "accuracy-families-smollm2-cpu-repeat-lead.json.gz": 2,  # single facts: full, the first passage again as a span
     "accuracy-families-smollm2-h200-lead2-leadin.json.gz": 15,  # 3 families x 5 layouts
-    "accuracy-families-smollm2-cpu-repeat-header.json": 2,  # single facts: full, the header before the repeat
-    "accuracy-families-smollm2-cpu-ranked.json": 3,  # ranked single facts: full, refreshed heads, the default
+    "accuracy-families-smollm2-cpu-repeat-header.json.gz": 2,  # single facts: full, the header before the repeat
+    "accuracy-families-smollm2-cpu-ranked.json.gz": 3,  # ranked single facts: full, refreshed heads, the default
     "accuracy-families-smollm2-h100-ranked.json.gz": 12,  # ranked, 3 families x 4 layouts
-    "accuracy-families-smollm2-cpu-ranked-first-last.json": 4,  # ranked single facts: the first span last
+    "accuracy-families-smollm2-cpu-ranked-first-last.json.gz": 4,  # ranked single facts: the first span last
 }
 
 
@@ -146,13 +145,13 @@ ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
 INLINE = "minipic ISPS inline spans, max-num-seqs 256"
 LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
 TABLE1_32 = "served-h200-table1-72ee0db-32-tokens.json"  # the same at 32 generated tokens, a later kernel
-DEAD_START_FIXED = "served-h200-table1-4d50e12-32-tokens.json"  # Block-Attention at 32 tokens, no client dead start
-BLOCK_32 = "served-h200-table1-0c72868-32-tokens.json"  # the same with decode at three pipeline stages
+DEAD_START_FIXED = "served-h200-table1-4d50e12-32-tokens.json.gz"  # Block-Attention at 32 tokens, no client dead start
+BLOCK_32 = "served-h200-table1-0c72868-32-tokens.json.gz"  # the same with decode at three pipeline stages
 
 
 def _table1_medians(name: str, configuration: str) -> dict[int, dict]:
     """The median run of a Table 1 configuration in result file `name`, per max_tokens."""
-    rows = json.loads((ROOT / "benchmarks/results" / name).read_text())["table1"]
+    rows = read_result(ROOT / "benchmarks/results" / name)["table1"]
     groups = tables.table1_runs([r for r in rows if r["row"] == configuration])
     return {max_tokens: tables.median_run(runs) for (_, max_tokens), runs in groups.items()}
 
@@ -361,7 +360,7 @@ def test_first_span_bias_pairings_match_their_results() -> None:
 
 def _markers_runs() -> tuple[list[dict], list[dict]]:
     """The single-fact questions of the CPU runs with and without --embed-markers-as newline."""
-    return tuple(_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+    return tuple(_result(f"accuracy-families-smollm2-cpu-{run}.json.gz")["families"]["single"]["questions"]
                  for run in ("newline", "own"))
 
 
@@ -410,7 +409,7 @@ def _by_place(result: str, layouts: list[str]) -> dict[int, list[int]]:
 def test_the_first_place_figures_of_the_lead_run_and_of_the_h200_markers_match_their_results() -> None:
     """docs/accuracy.md on `lead_refreshed_heads` by place, and `pdep_passages` on the H200 by place."""
     doc = (ROOT / "docs/accuracy.md").read_text()
-    lead = _by_place("accuracy-families-smollm2-cpu-lead.json", ["full", "refreshed_heads", "lead_refreshed_heads"])
+    lead = _by_place("accuracy-families-smollm2-cpu-lead.json.gz", ["full", "refreshed_heads", "lead_refreshed_heads"])
     for place, row in lead.items():
         assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
     text = " ".join(doc.split())
@@ -427,11 +426,11 @@ def test_the_first_place_figures_of_the_lead_run_and_of_the_h200_markers_match_t
 def test_the_joined_heads_first_place_and_pairing_match_their_results() -> None:
     """docs/accuracy.md on `refreshed_heads_joined`: its first place, and against refreshed heads
     (the lead run's: the same questions, full attention's verdicts equal in both runs)."""
-    joined, lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+    joined, lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json.gz")["families"]["single"]["questions"]
                     for run in ("joined", "lead"))
     assert all(a["answers"]["full"]["correct"] == b["answers"]["full"]["correct"] for a, b in zip(joined, lead))
-    first = _by_place("accuracy-families-smollm2-cpu-joined.json", ["refreshed_heads_joined"])[1]
-    assert first[1] == _by_place("accuracy-families-smollm2-cpu-lead.json", ["lead_refreshed_heads"])[1][1]
+    first = _by_place("accuracy-families-smollm2-cpu-joined.json.gz", ["refreshed_heads_joined"])[1]
+    assert first[1] == _by_place("accuracy-families-smollm2-cpu-lead.json.gz", ["lead_refreshed_heads"])[1][1]
     verdicts = [(a["answers"]["refreshed_heads_joined"]["correct"], b["answers"]["refreshed_heads"]["correct"])
                 for a, b in zip(joined, lead, strict=True)]
     gained, lost = _discordant(verdicts)
@@ -442,11 +441,11 @@ def test_the_joined_heads_first_place_and_pairing_match_their_results() -> None:
 
 def test_the_text_lead_runs_places_and_pairing_match_their_results() -> None:
     """docs/accuracy.md on `lead_text_refreshed_heads`: by place, and against the lead run's refreshed heads."""
-    text_lead, lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+    text_lead, lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json.gz")["families"]["single"]["questions"]
                        for run in ("lead-text", "lead"))
     assert all(a["answers"]["full"]["correct"] == b["answers"]["full"]["correct"] for a, b in zip(text_lead, lead))
-    places = _by_place("accuracy-families-smollm2-cpu-lead-text.json", ["full", "lead_text_refreshed_heads"])
-    refreshed_first = _by_place("accuracy-families-smollm2-cpu-lead.json", ["refreshed_heads"])[1][1]
+    places = _by_place("accuracy-families-smollm2-cpu-lead-text.json.gz", ["full", "lead_text_refreshed_heads"])
+    refreshed_first = _by_place("accuracy-families-smollm2-cpu-lead.json.gz", ["refreshed_heads"])[1][1]
     others = [sum(places[p][i] for p in places if p > 1) for i in range(3)]
     verdicts = [(a["answers"]["lead_text_refreshed_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
                 for a, b in zip(text_lead, lead, strict=True)]
@@ -461,12 +460,12 @@ def test_the_text_lead_runs_places_and_pairing_match_their_results() -> None:
 def test_the_repeated_lead_runs_places_and_pairing_match_their_results() -> None:
     """docs/accuracy.md on `lead_text_repeat_refreshed_heads`: by place beside the earlier runs on
     the same questions (full attention's verdicts equal), and against the first passage as text."""
-    repeat, text_lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]["questions"]
+    repeat, text_lead = (_result(f"accuracy-families-smollm2-cpu-{run}.json.gz")["families"]["single"]["questions"]
                          for run in ("repeat-lead", "lead-text"))  # fmt: skip
     assert all(a["answers"]["full"]["correct"] == b["answers"]["full"]["correct"] for a, b in zip(repeat, text_lead))
-    places = {p: [*row, _by_place("accuracy-families-smollm2-cpu-lead.json", ["refreshed_heads"])[p][1],
-                  _by_place("accuracy-families-smollm2-cpu-lead-text.json", ["lead_text_refreshed_heads"])[p][1]]
-              for p, row in _by_place("accuracy-families-smollm2-cpu-repeat-lead.json",
+    places = {p: [*row, _by_place("accuracy-families-smollm2-cpu-lead.json.gz", ["refreshed_heads"])[p][1],
+                  _by_place("accuracy-families-smollm2-cpu-lead-text.json.gz", ["lead_text_refreshed_heads"])[p][1]]
+              for p, row in _by_place("accuracy-families-smollm2-cpu-repeat-lead.json.gz",
                                       ["full", "lead_text_repeat_refreshed_heads"]).items()}  # fmt: skip
     doc = (ROOT / "docs/accuracy.md").read_text()
     for place, (questions, full, repeated, refreshed, text) in places.items():
@@ -549,7 +548,7 @@ def test_the_h200_run_of_1000_questions_summary_figures_match_its_results() -> N
 
 def test_the_front_padding_run_matches_its_results() -> None:
     """docs/accuracy.md on pads moved to the prompt's start, against the CPU run of refreshed heads."""
-    front, own = (_result(f"accuracy-families-smollm2-cpu-{run}.json")["families"]["single"]
+    front, own = (_result(f"accuracy-families-smollm2-cpu-{run}.json.gz")["families"]["single"]
                   for run in ("front-pad", "own"))
     assert all(a["answers"]["full"]["text"] == b["answers"]["full"]["text"]
                for a, b in zip(front["questions"], own["questions"], strict=True))
@@ -674,7 +673,7 @@ def test_the_qwen2_shape_figures_match_their_results() -> None:
 
 def test_the_prefix_sink_run_by_place_and_pairings_match_its_results() -> None:
     """docs/accuracy.md and docs/client.md on `prefix_sink` (CPU): by place, and against block and refreshed heads."""
-    name = "accuracy-families-smollm2-cpu-prefix-sink.json"
+    name = "accuracy-families-smollm2-cpu-prefix-sink.json.gz"
     doc = (ROOT / "docs/accuracy.md").read_text()
     for place, row in _by_place(name, ["full", "refreshed_heads", "prefix_sink", "block"]).items():
         assert f"| {place} | " + " | ".join(map(str, row)) + " |" in doc, (place, row)
@@ -696,7 +695,7 @@ def test_the_prefix_sink_run_by_place_and_pairings_match_its_results() -> None:
 
 def test_the_prefix_sink_synthetic_run_matches_its_results() -> None:
     """docs/accuracy.md on `prefix_sink` over synthetic facts: Block-Attention's loss won back, and pairing."""
-    family = _result("accuracy-families-smollm2-cpu-prefix-sink-synthetic.json")["families"]["synthetic"]
+    family = _result("accuracy-families-smollm2-cpu-prefix-sink-synthetic.json.gz")["families"]["synthetic"]
     accuracy = {layout: row["accuracy"] for layout, row in family["summary"].items()}
     loss = accuracy["full"] - accuracy["block"]
     verdicts = [(q["answers"]["prefix_sink"]["correct"], q["answers"]["block"]["correct"]) for q in family["questions"]]
@@ -895,7 +894,8 @@ def test_gpu_records_at_674608a_match_the_doc() -> None:
 def test_the_header_runs_places_pairings_and_shares_match_their_results() -> None:
     """docs/accuracy.md on `LeadInContext(header=...)` (CPU, 500 single-fact questions): by place,
     the pairings against refreshed heads and the control, and the steady cache shares."""
-    header, control = "accuracy-families-smollm2-cpu-leadin.json", "accuracy-families-smollm2-cpu-lead-text-500.json"
+    header = "accuracy-families-smollm2-cpu-leadin.json.gz"
+    control = "accuracy-families-smollm2-cpu-lead-text-500.json.gz"
     doc = (ROOT / "docs/accuracy.md").read_text()
     layouts = ["full", "refreshed_heads", "leadin_refreshed_heads", "lead_text_leadin_refreshed_heads"]
     for place, row in _by_place(header, layouts).items():
@@ -925,7 +925,7 @@ def test_the_header_runs_places_pairings_and_shares_match_their_results() -> Non
               ("lead_text_header_refreshed_heads", "lead_text_refreshed_heads")}  # fmt: skip
     assert (f"{steady['lead_text_header_refreshed_heads']}% of a final prompt from the cache once spans are cached"
             in text and f"passage as text: {steady['lead_text_refreshed_heads']}% without it)" in text)
-    synthetic = _result("accuracy-families-smollm2-cpu-header-synthetic.json")["families"]["synthetic"]
+    synthetic = _result("accuracy-families-smollm2-cpu-header-synthetic.json.gz")["families"]["synthetic"]
     gained, lost = _discordant([(q["answers"]["lead_text_leadin_refreshed_heads"]["correct"],
                                  q["answers"]["lead_text_refreshed_heads"]["correct"]) for q in synthetic["questions"]])
     assert f"the header changes {gained + lost} answers ({gained} right only with it, {lost} only without)" in text
@@ -1005,7 +1005,7 @@ def test_the_dead_start_and_decode_at_served_shapes_match_their_results() -> Non
     """docs/benchmarks.md's latest section: the engine's idle start before and after 4d50e12, the
     waiting shares, the speeds through the new client, and the decode launch-shape comparison."""
     doc = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
-    factor2, new = "served-h200-table1-f9172cd-32-tokens-factor2.json", DEAD_START_FIXED
+    factor2, new = "served-h200-table1-f9172cd-32-tokens-factor2.json.gz", DEAD_START_FIXED
 
     def busy(name: str) -> tuple[float, float]:
         starts = [engine_timeline.summarise(r["timeline"])["first_busy_s"] for r in _result(name)["table1"]]
@@ -1043,8 +1043,8 @@ def test_the_dead_start_and_decode_at_served_shapes_match_their_results() -> Non
 
 def test_the_trailing_heads_pairing_matches_its_results() -> None:
     """docs/accuracy.md on `trailing_heads` against the header run's refreshed heads, same questions."""
-    trailing = _result("accuracy-families-smollm2-cpu-trailing-heads.json")["families"]["single"]["questions"]
-    header = _result("accuracy-families-smollm2-cpu-leadin.json")["families"]["single"]["questions"]
+    trailing = _result("accuracy-families-smollm2-cpu-trailing-heads.json.gz")["families"]["single"]["questions"]
+    header = _result("accuracy-families-smollm2-cpu-leadin.json.gz")["families"]["single"]["questions"]
     pairs = list(zip(trailing, header, strict=True))
     assert all(a["answers"]["full"]["text"] == b["answers"]["full"]["text"] for a, b in pairs)
     gained, lost = _discordant([(a["answers"]["trailing_heads"]["correct"], b["answers"]["refreshed_heads"]["correct"])
@@ -1539,7 +1539,7 @@ def test_the_h200_two_passages_with_header_and_repeated_lead_run_matches_its_res
 def test_the_cpu_header_before_the_repeat_run_matches_its_results() -> None:
     """docs/accuracy.md on the header before the repeated first passage (CPU): by place beside the
     earlier CPU runs on the same questions, the pairing with the repeat alone and the cache share."""
-    new, repeat, text = (_result(f"accuracy-families-smollm2-cpu-{name}.json")["families"]["single"]["questions"]
+    new, repeat, text = (_result(f"accuracy-families-smollm2-cpu-{name}.json.gz")["families"]["single"]["questions"]
                          for name in ("repeat-header", "repeat-lead", "lead-text"))  # fmt: skip
     layout = "lead_text_leadin_repeat_refreshed_heads"
     by_id = {q["id"]: {**q["answers"]} for q in repeat}  # the earlier runs' answers, question by question
@@ -1607,7 +1607,7 @@ def test_the_default_layouts_figures_match_their_results() -> None:
                 cells += f" | {gained} / {lost}, {p} |"
             assert cells in section, (family, layout)
         assert f" ({len(first)}) | `full` |" in section
-    ranked = _result("accuracy-families-smollm2-cpu-ranked.json")
+    ranked = _result("accuracy-families-smollm2-cpu-ranked.json.gz")
     assert ranked["meta"]["order"] == "ranked" and not ranked["meta"]["dirty"]
     questions = ranked["families"]["single"]["questions"]
     assert f"first in {sum(q['gold_positions'] == [0] for q in questions)} of {len(questions)}" in section
@@ -1677,7 +1677,7 @@ def test_the_defaults_h100_figures_match_their_results() -> None:
     assert (f"it stays {-single[default]['vs_full']['difference'] * 100:.1f} points below full attention, where "
             f"refreshed heads stay {-single['refreshed_heads']['vs_full']['difference'] * 100:.1f} below") in readme
     assert f"ranked ({single[default]['vs_full']['difference'] * 100:.1f} on the H100)" in doc
-    moved = _result("accuracy-families-smollm2-cpu-ranked-first-last.json")["families"]["single"]["questions"]
+    moved = _result("accuracy-families-smollm2-cpu-ranked-first-last.json.gz")["families"]["single"]["questions"]
     pairs = [_pairing((q["answers"] for q in moved), f"lead_text_refreshed_heads_{where}", default)
              for where in ("first_last", "reversed")]  # fmt: skip
     assert (f"they gain {pairs[0][0]} and lose {pairs[0][1]} ({pairs[0][2]}), and gain {pairs[1][0]} and lose "
