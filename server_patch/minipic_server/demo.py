@@ -95,8 +95,8 @@ async def run(url: str) -> bool:
         f"question (expected answer); answers: greedy, first {MAX_TOKENS} tokens; same: plain and PIC "
         "answers identical; plain s: time to first token (TTFT) without markers, where the prefix cache "
         "holds only the system prompt; PIC cold s: TTFT of the PIC prompt with nothing cached (all passages "
-        "computed, plus padding); PIC warm s: TTFT with the passages cached (the default layout, refreshed "
-        "heads, computes the question and each passage's first block in context); "
+        "computed, plus padding); PIC warm s: TTFT with the passages cached (the default layout computes the "
+        "first passage as text, each passage's first block and the question in context); "
         "cached: prompt tokens served from the cache.",
         style="dim",
     )
