@@ -24,3 +24,15 @@ def test_a_compressed_result_reads_back_as_the_plain_one(tmp_path: Path) -> None
 def test_figures_are_named_after_the_result_without_its_suffixes() -> None:
     assert result_stem(Path("results/accuracy-families-smollm2-h200.json.gz")) == "accuracy-families-smollm2-h200"
     assert result_stem(Path("accuracy-families-smollm2-cpu.json")) == "accuracy-families-smollm2-cpu"
+
+
+PLAIN_RESULT_LIMIT = 150_000  # bytes; every device call carries the tracked tree beside vLLM's 54 MiB bundle
+
+
+def test_large_results_are_committed_compressed() -> None:
+    """A device call carries at most 64 MiB, vLLM's first bundle part takes 54 of them and the
+    tracked tree travels with it: large result files go in compressed (`write_result` to a
+    ``.json.gz`` name)."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks/results"
+    large = [p.name for p in results.glob("*.json") if p.stat().st_size > PLAIN_RESULT_LIMIT]
+    assert not large, f"result files over {PLAIN_RESULT_LIMIT:,} bytes, commit them as .json.gz: {large}"
