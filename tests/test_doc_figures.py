@@ -47,6 +47,8 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-repeat-header.json.gz": 2,  # single facts: full, the header before the repeat
     "accuracy-families-smollm2-cpu-ranked.json.gz": 3,  # ranked single facts: full, refreshed heads, the default
     "accuracy-families-smollm2-h100-ranked.json.gz": 12,  # ranked, 3 families x 4 layouts
+    "accuracy-families-smollm2-h100-header-repeat-ranked.json.gz": 9,  # 3 families x 3 layouts
+    "accuracy-families-smollm2-h100-header-repeat-shuffled.json.gz": 9,
     "accuracy-families-smollm2-cpu-ranked-first-last.json.gz": 4,  # ranked single facts: the first span last
 }
 
@@ -1689,3 +1691,27 @@ def test_the_defaults_h100_figures_match_their_results() -> None:
             f"{pairs[1][1]} ({pairs[1][2]})") in doc  # fmt: skip
     bench = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
     assert f"1,270 prompt tokens a sample against Table 1's {table1:,.0f}" in bench and f"{sent:,.0f}" == "1,270"
+
+
+def test_the_header_before_the_repeat_on_the_h100_matches_its_results() -> None:
+    """docs/accuracy.md, "The header before the repeated first passage on an H100": the
+    pairings against the default in both orders and the shuffled run's first two places."""
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    header, default = "lead_text_leadin_repeat_refreshed_heads", "lead_text_repeat_refreshed_heads"
+    runs = {order: _result(f"accuracy-families-smollm2-h100-header-repeat-{order}.json.gz")["families"]
+            for order in ("ranked", "shuffled")}  # fmt: skip
+    pairings = {(order, family): _pairing((q["answers"] for q in families[family]["questions"]), header, default)
+                for order, families in runs.items() for family in ("single", "bridge", "synthetic")}  # fmt: skip
+    (g1, l1, p1), (g2, l2, p2) = pairings["ranked", "single"], pairings["shuffled", "single"]
+    assert f"turns {g1} answers right and {l1} wrong ranked ({p1}), {g2} and {l2} shuffled ({p2})" in doc
+    gained, lost, p = pairings["ranked", "synthetic"]
+    assert f"({gained} right only with the header, {lost} only without, {p})" in doc
+    (g1, l1, _), (g2, l2, _) = pairings["ranked", "bridge"], pairings["shuffled", "bridge"]
+    assert f"bridge questions do not move ({g1} and {l1} ranked, {g2} and {l2} shuffled)" in doc
+    single = runs["shuffled"]["single"]["questions"]
+    right = [[sum(q["answers"][layout]["correct"] for q in single if q["gold_positions"][0] == place)
+              for layout in (header, default, "full")] for place in (0, 1)]  # fmt: skip
+    counts = [sum(q["gold_positions"][0] == place for q in single) for place in (0, 1)]
+    assert (f"get {right[1][0]} of {counts[1]} right with the header and {right[1][1]} without (full attention "
+            f"{right[1][2]}); the first place {right[0][0]} and {right[0][1]} of {counts[0]} "
+            f"(full {right[0][2]})") in doc  # fmt: skip
