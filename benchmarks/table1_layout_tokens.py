@@ -1,6 +1,7 @@
 """Table 1's prompts under each layout, counted without a server: what a final prompt holds,
 what it should find cached, what the span and prefix prefills add, and how many distinct
-tokens one run writes to the KV cache.
+tokens one run writes to the KV cache; with ``--kv-cache-tokens``, what a run computes when
+the cache holds only that many tokens.
 
 A served run (`served.py --parts table1`) reports the share of its final prompts' tokens that
 the server found cached; this says what the layouts promise, so a shortfall shows the cache
@@ -20,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 import httpx
@@ -45,6 +48,40 @@ def info_transport(tokenizer: Path, block_size: int, markers: dict[str, int]) ->
     return httpx.MockTransport(lambda request: httpx.Response(200, json=info))
 
 
+class LruCache:
+    """A KV cache of `capacity` tokens that evicts the least recently used entry first, as vLLM's
+    free-block queue does; entries are whole spans (a span's blocks are used together)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.used = capacity, 0
+        self.entries: OrderedDict[Hashable, int] = OrderedDict()
+
+    def hit(self, key: Hashable, tokens: int) -> bool:
+        """Whether `key` is cached (and now most recently used); if not, it is written."""
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return True
+        self.entries[key] = tokens
+        self.used += tokens
+        while self.used > self.capacity:
+            self.used -= self.entries.popitem(last=False)[1]
+        return False
+
+
+def computed_with_cache(layouts: Sequence, markers: dict[str, int], capacity: int) -> float:
+    """Prompt tokens computed per sample when the samples run one after another over a cache of
+    `capacity` tokens: a span prefill computes only when its span was evicted (or never written);
+    a final prompt computes what is not a span (a leading document as text included, which the
+    steady count takes as cached where an earlier sample opened with it), and writes it too."""
+    cache, computed = LruCache(capacity), 0
+    for index, layout in enumerate(layouts):
+        computed += sum(len(p.token_ids) for p in layout.prefills if not cache.hit(p.key, len(p.token_ids)))
+        own = len(layout.token_ids) - steady_cached_tokens([layout], markers)
+        cache.hit(("final", index), own)
+        computed += own
+    return computed / len(layouts)
+
+
 async def count(layout_name: str, args: argparse.Namespace, requests: list) -> dict:
     markers = dict(zip(MARKER_KEYS, args.markers))
     transport = info_transport(args.tokenizer, args.block_size, markers)
@@ -61,6 +98,8 @@ async def count(layout_name: str, args: argparse.Namespace, requests: list) -> d
         "prefill_tokens_per_sample": round(prefilled / n, 1),
         "computed_per_sample": round((final - cached + prefilled) / n, 1),
         "distinct_tokens_written": final - cached + prefilled,
+        "computed_per_sample_with_cache": {str(capacity): round(computed_with_cache(layouts, markers, capacity), 1)
+                                           for capacity in args.kv_cache_tokens},  # fmt: skip
     }
 
 
@@ -73,6 +112,9 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--markers", type=int, nargs=4, default=LLAMA3_MARKERS, metavar=("SSEP", "PDEP", "PAD", "HSEP"),
                         help="the server's marker ids (default: minipic serve's for the Llama 3 tokenizer)")
+    parser.add_argument("--kv-cache-tokens", type=int, nargs="*", default=[], metavar="TOKENS",
+                        help="KV cache sizes to replay the run over (the served runs log theirs: 460592 on the "
+                             "H100, 917472 on the H200)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     _, _, by_tokens = table1_requests(json.loads(args.passages.read_bytes()), args.samples, [1])
