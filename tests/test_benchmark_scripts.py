@@ -84,7 +84,8 @@ def test_the_table1_token_counts_order_the_layouts(tiny_model_dir: Path, passage
     command = [sys.executable, str(REPO / "benchmarks" / "table1_layout_tokens.py"), "--passages", str(passages),
                "--tokenizer", str(tiny_model_dir), "--samples", "40", "--out", str(out),
                "--markers", *(str(vocab[t]) for t in (SSEP_TOKEN, PDEP_TOKEN, PAD_TOKEN, HSEP_TOKEN)),
-               "--layout", "block", "refreshed-heads", "lead-text-repeat-refreshed-heads"]  # fmt: skip
+               "--layout", "block", "refreshed-heads", "lead-text-repeat-refreshed-heads",
+               "--kv-cache-tokens", "2000", "100000000"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, timeout=300, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())["layouts"]
@@ -94,6 +95,10 @@ def test_the_table1_token_counts_order_the_layouts(tiny_model_dir: Path, passage
     assert block["prefill_tokens_per_sample"] == pytest.approx(refreshed["prefill_tokens_per_sample"], rel=0.05)
     for row in rows.values():
         assert row["distinct_tokens_written"] == pytest.approx(40 * row["computed_per_sample"], abs=4)
+        small, unlimited = (row["computed_per_sample_with_cache"][size] for size in ("2000", "100000000"))
+        assert small > unlimited >= row["computed_per_sample"]  # evicted spans are computed again
+    # Nothing evicted and no leading text: the replay computes what the count does.
+    assert block["computed_per_sample_with_cache"]["100000000"] == block["computed_per_sample"]
 
 
 def test_the_client_overhead_benchmark_runs(tiny_model_dir: Path) -> None:
