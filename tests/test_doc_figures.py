@@ -1682,6 +1682,8 @@ def test_the_defaults_h100_figures_match_their_results() -> None:
     assert (f"the run computes {replayed['460592']:,.0f} tokens a sample, within "
             f"{abs(1 - replayed['460592'] / computed):.0%} of the {computed:,.0f} measured") in bench
     assert f"Over the H200's 917,472 it would compute {replayed['917472']:,.0f};" in bench
+    assert (f"the run computes {replayed['460592']:,.0f} tokens a sample, {replayed['917472']:,.0f} "
+            "over the H200's") in doc
     assert (f"writes {promised['distinct_tokens_written']:,} distinct tokens in this layout "
             f"({counts['refreshed-heads']['distinct_tokens_written']:,} with refreshed heads)") in doc  # fmt: skip
     single = families["single"]["summary"]
