@@ -114,6 +114,10 @@ register("lead_text_refreshed_heads_first_last", "the first passage as plain tex
 register("lead_text_refreshed_heads_reversed", "the first passage as plain text, then every passage as refreshed "
          "heads in reverse order: the first passage's span right before the question",
          technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads(), reverse=True))  # fmt: skip
+register("refreshed_heads_then_lead_text", "every passage as refreshed heads, then the first passage again as text "
+         "computed in context (a `Dependent`) right before the question: a ranked prompt's best passage read in "
+         "context where the question reads it",
+         technique=lambda ctx: SpansThenLeadText(minipic_client.RefreshedHeads()))  # fmt: skip
 register("full_task_first", "plain prompt with the question also before the passages: full attention",
          task_first=True)  # fmt: skip
 register("refreshed_heads_task_first", "the question also before the passages, as text continuing the prefix, so "
@@ -160,6 +164,18 @@ class LeadTextThenSpans:
     def documents(self, docs: Sequence[str]) -> list[Part]:
         spans = list(docs[::-1]) if self.reverse else [*docs[1:], *docs[:1]]
         return [Text(docs[0], shared=False), *self.rest.documents(spans)] if docs else []
+
+
+@dataclass(frozen=True)
+class SpansThenLeadText:
+    """Every passage as `rest`, then the first passage again computed in context (a `Dependent`)
+    right before the question: where the default puts it first, as full attention does, this
+    puts it last, next to the question, having read the spans before it."""
+
+    rest: Technique
+
+    def documents(self, docs: Sequence[str]) -> list[Part]:
+        return [*self.rest.documents(docs), Dependent(docs[0])] if docs else []
 
 
 @dataclass(frozen=True)

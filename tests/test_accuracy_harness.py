@@ -269,6 +269,8 @@ def test_repeated_lead_layouts_lay_the_first_passage_out_again_as_a_span():
     assert repeat.documents(["a", "b"]) == [Text("a", shared=False), *spans]
     header = LAYOUTS["lead_text_leadin_repeat_refreshed_heads"].technique(context)
     assert header.documents(["a", "b"]) == [Text("a", shared=False), Dependent("Passages:\n"), *spans]
+    last = LAYOUTS["refreshed_heads_then_lead_text"].technique(context)
+    assert last.documents(["a", "b"]) == [*spans, Dependent("a")] and last.documents([]) == []
 
 
 def test_task_first_layouts_put_the_question_before_the_passages_as_text():
