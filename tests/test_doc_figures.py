@@ -1722,3 +1722,27 @@ def test_the_header_before_the_repeat_on_the_h100_matches_its_results() -> None:
     assert (f"get {right[1][0]} of {counts[1]} right with the header and {right[1][1]} without (full attention "
             f"{right[1][2]}); the first place {right[0][0]} and {right[0][1]} of {counts[0]} "
             f"(full {right[0][2]})") in doc  # fmt: skip
+
+
+def test_the_knob_at_a_glance_matches_its_results() -> None:
+    """docs/accuracy.md's summary table: each layout's ranked single-fact accuracy, its steady
+    cache share in Table 1 and its Table 1 ratio, from the results the table names."""
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    single = _result("accuracy-families-smollm2-h100-ranked.json.gz")["families"]["single"]["summary"]
+    shares = _result("table1-layout-tokens.json")["layouts"]
+    assert f"single facts right (full attention: {single['full']['accuracy']:.1%})" in doc
+    default = tables.median_run([r for r in _result("served-h100-table1-c3c9f9e-default.json")["table1"]
+                                 if r["server"] == "pic-256"])  # fmt: skip
+    default_stock = tables.median_run([r for r in _result("served-h100-table1-c3c9f9e-default.json")["table1"]
+                                       if r["server"] == "stock-fa3"])  # fmt: skip
+    stock = _table1_medians(LATEST, STOCK_FA3)[1]
+    ratios = {"lead-text-repeat-refreshed-heads": default["samples_per_s"] / default_stock["samples_per_s"],
+              **{layout: _table1_medians(LATEST, f"{ISPS}, {layout}")[1]["samples_per_s"] / stock["samples_per_s"]
+                 for layout in ("refreshed-heads", "block")}}  # fmt: skip
+    for layout, ratio in ratios.items():
+        summary = single[layout.replace("-", "_")]
+        row = next(line for line in doc.splitlines() if line.startswith(f"| `{layout}`"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[1:4] == [f"{summary['accuracy']:.1%}", f"{summary['vs_full']['difference'] * 100:+.1f}",
+                              f"{shares[layout]['final_cached_fraction']:.1%}"], row  # fmt: skip
+        assert cells[4].startswith(f"{ratio:.2f}x"), row
