@@ -1741,7 +1741,7 @@ def test_the_knob_at_a_glance_matches_its_results() -> None:
                  for layout in ("refreshed-heads", "block")}}  # fmt: skip
     for layout, ratio in ratios.items():
         summary = single[layout.replace("-", "_")]
-        row = next(line for line in doc.splitlines() if line.startswith(f"| `{layout}`"))
+        row = next(line for line in doc.splitlines() if line.startswith(f"| `--layout {layout}`"))
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert cells[1:4] == [f"{summary['accuracy']:.1%}", f"{summary['vs_full']['difference'] * 100:+.1f}",
                               f"{shares[layout]['final_cached_fraction']:.1%}"], row  # fmt: skip
