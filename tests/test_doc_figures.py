@@ -49,6 +49,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h100-ranked.json.gz": 12,  # ranked, 3 families x 4 layouts
     "accuracy-families-smollm2-h100-header-repeat-ranked.json.gz": 9,  # 3 families x 3 layouts
     "accuracy-families-smollm2-h100-header-repeat-shuffled.json.gz": 9,
+    "accuracy-families-smollm2-cpu-ranked-lead-last.json.gz": 3,  # ranked single facts x 3 layouts
     "accuracy-families-smollm2-cpu-ranked-first-last.json.gz": 4,  # ranked single facts: the first span last
 }
 
@@ -1746,3 +1747,14 @@ def test_the_knob_at_a_glance_matches_its_results() -> None:
         assert cells[1:4] == [f"{summary['accuracy']:.1%}", f"{summary['vs_full']['difference'] * 100:+.1f}",
                               f"{shares[layout]['final_cached_fraction']:.1%}"], row  # fmt: skip
         assert cells[4].startswith(f"{ratio:.2f}x"), row
+
+
+def test_the_first_passage_last_matches_its_results() -> None:
+    """docs/accuracy.md on `refreshed_heads_then_lead_text`: its pairing against the default."""
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    run = _result("accuracy-families-smollm2-cpu-ranked-lead-last.json.gz")
+    assert run["meta"]["order"] == "ranked" and not run["meta"]["dirty"]
+    answers = (q["answers"] for q in run["families"]["single"]["questions"])
+    gained, lost, p = _pairing(answers, "refreshed_heads_then_lead_text", "lead_text_repeat_refreshed_heads")
+    assert (f"answers {gained} questions right that the default misses and misses {lost} it answers "
+            f"(exact McNemar {p})") in doc
