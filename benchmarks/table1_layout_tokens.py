@@ -71,8 +71,8 @@ class LruCache:
 def computed_with_cache(layouts: Sequence, markers: dict[str, int], capacity: int) -> float:
     """Prompt tokens computed per sample when the samples run one after another over a cache of
     `capacity` tokens: a span prefill computes only when its span was evicted (or never written);
-    a final prompt computes what is not a span (a leading document as text included, which the
-    steady count takes as cached where an earlier sample opened with it), and writes it too."""
+    a final prompt computes, and writes, all that is not a span: a leading document as text
+    always, where the steady count takes it as cached if an earlier sample opened with it."""
     cache, computed = LruCache(capacity), 0
     for index, layout in enumerate(layouts):
         computed += sum(len(p.token_ids) for p in layout.prefills if not cache.hit(p.key, len(p.token_ids)))
