@@ -44,8 +44,8 @@ def served_table1(data: dict, out: Path) -> None:
     ax.set_ylabel("samples / s")
     unique = data.get("unique_document_fraction")
     reuse = f", {unique:.0%} of documents unique" if unique is not None else ""
-    ax.set_title(f"2Wiki-like RAG through the served path: {data['samples']} samples{reuse} "
-                 f"({data.get('device', '')}, {data['date'][:10]})", fontsize=10)  # fmt: skip
+    ax.set_title(f"2Wiki-like RAG through the served path: {data['samples']} samples{reuse}\n"
+                 f"{data.get('device', '')}, {data['date'][:10]}", fontsize=10)  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
