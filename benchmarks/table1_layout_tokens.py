@@ -68,7 +68,7 @@ class LruCache:
         return False
 
 
-def computed_with_cache(layouts: Sequence, markers: dict[str, int], capacity: int) -> float:
+def computed_with_cache(layouts: Sequence, capacity: int) -> float:
     """Prompt tokens computed per sample when the samples run one after another over a cache of
     `capacity` tokens: a span prefill computes only when its span was evicted (or never written);
     a final prompt computes, and writes, all that is not a span: a leading document as text
@@ -76,7 +76,7 @@ def computed_with_cache(layouts: Sequence, markers: dict[str, int], capacity: in
     cache, computed = LruCache(capacity), 0
     for index, layout in enumerate(layouts):
         computed += sum(len(p.token_ids) for p in layout.prefills if not cache.hit(p.key, len(p.token_ids)))
-        own = len(layout.token_ids) - steady_cached_tokens([layout], markers)
+        own = len(layout.token_ids) - layout.cacheable_tokens
         cache.hit(("final", index), own)
         computed += own
     return computed / len(layouts)
@@ -98,7 +98,7 @@ async def count(layout_name: str, args: argparse.Namespace, requests: list) -> d
         "prefill_tokens_per_sample": round(prefilled / n, 1),
         "computed_per_sample": round((final - cached + prefilled) / n, 1),
         "distinct_tokens_written": final - cached + prefilled,
-        "computed_per_sample_with_cache": {str(capacity): round(computed_with_cache(layouts, markers, capacity), 1)
+        "computed_per_sample_with_cache": {str(capacity): round(computed_with_cache(layouts, capacity), 1)
                                            for capacity in args.kv_cache_tokens},  # fmt: skip
     }
 

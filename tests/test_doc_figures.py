@@ -147,6 +147,7 @@ def test_benchmark_tables_are_printed_from_their_results() -> None:
 ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
 INLINE = "minipic ISPS inline spans, max-num-seqs 256"
 LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
+DEFAULT_H100 = "served-h100-table1-c3c9f9e-default.json"  # Table 1 with the SDK's default layout
 TABLE1_32 = "served-h200-table1-72ee0db-32-tokens.json"  # the same at 32 generated tokens, a later kernel
 DEAD_START_FIXED = "served-h200-table1-4d50e12-32-tokens.json.gz"  # Block-Attention at 32 tokens, no client dead start
 BLOCK_32 = "served-h200-table1-0c72868-32-tokens.json.gz"  # the same with decode at three pipeline stages
@@ -1659,16 +1660,14 @@ def test_the_defaults_h100_figures_match_their_results() -> None:
     assert (f"recovers {recovered:.0%} of Block-Attention's bridge loss ({loss['bridge', default]:+.1f} against "
             f"{loss['bridge', 'block']:+.1f}) and all of its synthetic loss ({loss['synthetic', default]:+.1f} "
             f"against {loss['synthetic', 'block']:+.1f})") in doc  # fmt: skip
-    rows = _result("served-h100-table1-c3c9f9e-default.json")["table1"]
-    ours, stock = (tables.median_run([r for r in rows if r["server"] == server]) for server in ("pic-256", "stock-fa3"))
+    ours, stock = (_table1_medians(DEFAULT_H100, row)[1] for row in (ISPS, STOCK_FA3))
     computed, stock_computed = (r["computed_prompt_tokens_per_s"] / r["samples_per_s"] for r in (ours, stock))
     ratio = ours["samples_per_s"] / stock["samples_per_s"]
     assert ("0.88x stock on an H100" in doc and f"{ratio:.2f}" == "0.88"
             and f"stock {stock['samples_per_s']:.1f} samples/s, the default {ours['samples_per_s']:.1f} samples/s, "
             f"{ours['final_cached_fraction']:.1%} of its final prompts from the cache, {computed:,.0f} prompt tokens "
             f"computed per sample against stock's {stock_computed:,.0f}") in doc  # fmt: skip
-    old_stock = tables.median_run([r for r in _result("served-h100-table1-a6f19d2-default.json")["table1"]
-                                   if r["server"] == "stock-fa3"])  # fmt: skip
+    old_stock = _table1_medians("served-h100-table1-a6f19d2-default.json", STOCK_FA3)[1]
     sent, table1 = (r["final_prompt_tokens_per_s"] / r["samples_per_s"]
                     for r in (old_stock, _table1_medians(LATEST, STOCK_FA3)[1]))  # fmt: skip
     assert f"({sent:,.0f} tokens a sample against Table 1's {table1:,.0f};" in doc
@@ -1732,10 +1731,7 @@ def test_the_knob_at_a_glance_matches_its_results() -> None:
     single = _result("accuracy-families-smollm2-h100-ranked.json.gz")["families"]["single"]["summary"]
     shares = _result("table1-layout-tokens.json")["layouts"]
     assert f"single facts right (full attention: {single['full']['accuracy']:.1%})" in doc
-    default = tables.median_run([r for r in _result("served-h100-table1-c3c9f9e-default.json")["table1"]
-                                 if r["server"] == "pic-256"])  # fmt: skip
-    default_stock = tables.median_run([r for r in _result("served-h100-table1-c3c9f9e-default.json")["table1"]
-                                       if r["server"] == "stock-fa3"])  # fmt: skip
+    default, default_stock = (_table1_medians(DEFAULT_H100, row)[1] for row in (ISPS, STOCK_FA3))
     stock = _table1_medians(LATEST, STOCK_FA3)[1]
     ratios = {"lead-text-repeat-refreshed-heads": default["samples_per_s"] / default_stock["samples_per_s"],
               **{layout: _table1_medians(LATEST, f"{ISPS}, {layout}")[1]["samples_per_s"] / stock["samples_per_s"]
