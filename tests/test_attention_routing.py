@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from minipic_kernels import triton_attention
 from minipic_kernels.attention import Scratch, StepPlan, plan_step
 from minipic_kernels.block_kinds import (
     BlockKind,
@@ -107,6 +108,18 @@ def test_short_requests_take_the_short_launch_and_need_no_routing() -> None:
     assert routes is not None and routes.scratch is not None and routes.at_origin is None and routes.tiles is None
     assert routes.scratch.query_used.tolist() == [0, 17]
     assert routes.scratch.page_start.tolist() == [-1, 0]  # no pages for the short request
+
+
+def test_without_the_short_launch_short_requests_are_routed(monkeypatch) -> None:
+    """MINIPIC_SHORT_QUERY_TOKENS=0 (read at import, the module's constant here): the same
+    requests as above take the prefill routes, the decode launch keeps its own."""
+    monkeypatch.setattr(triton_attention, "SHORT_QUERY_TOKENS", 0)
+    plan = _plan([1, 5, 16], [70, 900, 33])
+    assert plan.has_decode and not plan.has_short and plan.has_prefill
+    assert plan.short_limit == plan.decode_limit == 4
+    routes = _routed(plan, [False, False, False], [True, True, True], [70, 900, 33]).routes
+    assert routes is not None and routes.scratch is not None
+    assert routes.scratch.query_used.tolist() == [0, 5, 16]
 
 
 # Physical blocks of a refreshed-heads prompt: [plain prefix][PDep head][HSep span, 2 blocks]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 import triton
@@ -538,7 +539,9 @@ def decode_query_limit(group: int) -> int:
 
 
 # The new tokens of a cached prompt, its question and the chat template's end, are a few dozen.
-SHORT_QUERY_TOKENS = 32
+# MINIPIC_SHORT_QUERY_TOKENS=0 turns the short launch off (those requests take the prefill
+# routes), so one run can compare both on a server (`benchmarks/served.py`'s pic-256-scratch).
+SHORT_QUERY_TOKENS = int(os.environ.get("MINIPIC_SHORT_QUERY_TOKENS", "32"))
 
 
 def short_query_limit(group: int, head_size: int) -> int:
@@ -548,7 +551,8 @@ def short_query_limit(group: int, head_size: int) -> int:
     long moved context then read the keys in place, rotated in registers, where the stock
     kernel needs them moved into scratch pages first (and the step's routing, a host sync)."""
     group_p = _pow2(group)
-    return min(SHORT_QUERY_TOKENS, max(prefill_config(head_size).block_m, group_p) // group_p)
+    tile = min(SHORT_QUERY_TOKENS, max(prefill_config(head_size).block_m, group_p) // group_p)
+    return max(decode_query_limit(group), tile)  # at decode's limit: no request is short
 
 
 def decode_block_q(group: int, max_decode_query_len: int) -> int:
