@@ -139,24 +139,19 @@ class Batch:
         self.step = derive_step_tensors(self.block_table, self.block_kind, self.block_origin, self.query_start_loc,
                                         self.seq_lens, bs)  # fmt: skip
 
-    def plan(self, budget: int = 1 << 30, *, short: bool = True):
+    def plan(self, budget: int = 1 << 30):
         """The step's plan, routed as the server routes it (one host sync, here outside the timing)."""
-        return self.unrouted_plan(budget, short=short).routed(self.step)
+        return self.unrouted_plan(budget).routed(self.step)
 
-    def unrouted_plan(self, budget: int = 1 << 30, *, short: bool = True):
-        """The step's plan as the metadata builder makes it; ``short=False``: as it was before the
-        short launch, every request above decode's limit routed (a baseline for the same run)."""
+    def unrouted_plan(self, budget: int = 1 << 30):
+        """The step's plan as the metadata builder makes it."""
         s = self.shape
-        plan = plan_step(
+        return plan_step(
             [q for _, q in self.reqs], [n for n, _ in self.reqs], max_seq_len=max(n for n, _ in self.reqs),
-            block_size=s.block_size, group=s.num_q_heads // s.num_kv_heads, head_size=s.head_size,
+            block_size=s.block_size, group=s.num_q_heads // s.num_kv_heads,
             page_bytes=2 * s.block_size * s.num_kv_heads * s.head_size * torch.finfo(s.dtype).bits // 8,
             scratch_budget_bytes=budget,
         )  # fmt: skip
-        if short:
-            return plan
-        routed = any(q > plan.decode_limit for q in plan.query_lens)
-        return dataclasses.replace(plan, short_limit=plan.decode_limit, has_short=False, has_prefill=routed)
 
     def args(self) -> dict:
         s = self.shape
@@ -169,9 +164,8 @@ class Batch:
 
     def ours(
         self, out: torch.Tensor, fa, *, budget: int = 1 << 30, decode: AttentionConfig | None = None,
-        short: bool = True,
     ):  # fmt: skip
-        plan = self.plan(budget, short=short)
+        plan = self.plan(budget)
         return lambda: paged_rope_attention(
             **{**self.args(), "cos_sin": self.key_cos_sin}, output=out, plan=plan, step=self.step,
             paged_attention=fa, scratch_budget_bytes=budget, decode=decode,
@@ -477,9 +471,9 @@ def _no_op_kernel(a, b, c, d, e, f, g, h, i, s0, s1, s2, s3, s4, s5, s6, s7, s8,
 
 def section_dispatch(fa, fa_func, version) -> list[dict]:
     """Host microseconds per call of each launch one attention layer makes for a cached final
-    prompt (30 query tokens after k moved documents of 1,024 tokens: the short launch, and the
-    scratch route it replaced), beside stock vLLM's cache
-    write and FA3 call, and the functions of MiniPIC's layer under cProfile."""
+    prompt (30 query tokens after k moved documents of 1,024 tokens: keys rotated into scratch
+    pages, then FA3), beside stock vLLM's cache write and FA3 call, and the functions of
+    MiniPIC's layer under cProfile."""
     import cProfile
     import pstats
 
@@ -493,8 +487,8 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
     for docs in (1, 32):
         q_len = 30
         batch = Batch(s, [(docs * 1024 + q_len, q_len)], moved=1 << 20)  # every block 7 blocks from its origin
-        plan, out = batch.plan(short=False), torch.empty_like(batch.query)
-        scratch = plan.routes.scratch  # the route these rows took before the short launch
+        plan, out = batch.plan(), torch.empty_like(batch.query)
+        scratch = plan.routes.scratch
         key, value, slots = new_keys_and_values(s, batch.block_table, docs * 1024, q_len)
         write = origin_writer(s, batch.key_cache.shape[0])
         one = torch.ones((), device=DEVICE)
@@ -515,7 +509,6 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
         stock = stock_fa(batch, torch.empty_like(batch.query), fa_func, version)
         pieces = {
             "ours_attention": ours,
-            "ours_attention_scratch_route": batch.ours(out, fa, short=False),
             "ours_write_kv": lambda: write(key, value, batch.key_cache, batch.value_cache, slots),
             "ours_rotate_into_pages": lambda: rotate_into_pages(
                 batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin, batch.seq_lens,
@@ -526,7 +519,7 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
                                         scratch.query_used, batch.seq_lens, q_len, docs * 1024 + q_len,
                                         batch.scale, out),
             "ours_split_kv_cache": lambda: split_kv_cache(kv_cache),
-            "ours_route": lambda: batch.plan(short=False),
+            "ours_route": lambda: batch.plan(),
             "ours_derive_step_tensors": lambda: derive_step_tensors(
                 batch.block_table, batch.block_kind, batch.block_origin, batch.query_start_loc, batch.seq_lens,
                 s.block_size),

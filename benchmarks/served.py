@@ -83,7 +83,6 @@ class Server:
     pic: bool
     max_num_seqs: int
     attention_backend: str | None = None
-    env_overrides: tuple[tuple[str, str], ...] = ()  # a MiniPIC variant's environment (its knobs)
 
     def argv(self, model: str, tokenizer: str, port: int, extra: list[str]) -> list[str]:
         backend = ["--attention-backend", self.attention_backend] if self.attention_backend else []
@@ -94,7 +93,7 @@ class Server:
         return serve_argv(model, port, flags, stock=not self.pic)
 
     def env(self) -> dict[str, str]:
-        return dict(server_env(stock=not self.pic), VLLM_SERVER_DEV_MODE="1", **dict(self.env_overrides))
+        return dict(server_env(stock=not self.pic), VLLM_SERVER_DEV_MODE="1")
 
 
 SERVERS = {
@@ -102,8 +101,6 @@ SERVERS = {
     "stock-fa3": Server("stock-fa3", False, 256, "FLASH_ATTN"),
     "stock-triton": Server("stock-triton", False, 256, "TRITON_ATTN"),
     "pic-256": Server("pic-256", True, 256),
-    # The short launch off: a cached prompt's few new tokens over moved documents take the scratch route.
-    "pic-256-scratch": Server("pic-256-scratch", True, 256, env_overrides=(("MINIPIC_SHORT_QUERY_TOKENS", "0"),)),
     "pic-64": Server("pic-64", True, 64),
     "pic-1024": Server("pic-1024", True, 1024),
 }
@@ -118,7 +115,6 @@ ROWS = {
         ("minipic plain prompts", Strategy.BASELINE),
         ("minipic batched", Strategy.BATCHED),
     ],
-    "pic-256-scratch": [("minipic ISPS, max-num-seqs 256, no short launch", Strategy.ISPS)],
     "pic-64": [("minipic ISPS, max-num-seqs 64", Strategy.ISPS)],
     "pic-1024": [("minipic ISPS, max-num-seqs 1024", Strategy.ISPS)],
 }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from minipic_kernels import triton_attention
 from minipic_kernels.attention import Scratch, StepPlan, plan_step
 from minipic_kernels.block_kinds import (
     BlockKind,
@@ -42,10 +41,9 @@ def test_only_hidden_blocks_inside_a_request_flag_it_for_the_hidden_mask() -> No
 
 
 def _plan(query_lens: list[int], seq_lens: list[int], budget: int = 1 << 30):
-    """Head size 256, 4 query heads a kv head: decode takes up to 4 tokens, the short launch up
-    to 16 (a 64-row tile), longer requests are routed."""
-    return plan_step(query_lens, seq_lens, max_seq_len=max(seq_lens), block_size=BS, group=4, head_size=256,
-                     page_bytes=1000, scratch_budget_bytes=budget)  # fmt: skip
+    """4 query heads a kv head: decode takes up to 4 tokens, longer requests are routed."""
+    return plan_step(query_lens, seq_lens, max_seq_len=max(seq_lens), block_size=BS, group=4, page_bytes=1000,
+                     scratch_budget_bytes=budget)  # fmt: skip
 
 
 def _routed(plan: StepPlan, masked: list[bool], misplaced: list[bool], seq_lens: list[int]) -> StepPlan:
@@ -92,34 +90,21 @@ def test_rows_cover_requests_the_device_tensors_pad_and_kinds_without_requests_l
 
 def test_a_step_without_prefill_needs_no_routing() -> None:
     plan = _plan([1, 2], [70, 33])
-    assert not plan.has_prefill and not plan.has_short
+    assert not plan.has_prefill
     assert _routed(plan, [True, True], [True, True], [70, 33]) is plan
 
 
-def test_short_requests_take_the_short_launch_and_need_no_routing() -> None:
-    """A cached prompt's last few tokens (5 to 16 here) over moved or windowed keys: neither
-    scratch pages nor a host sync; a longer request beside them is routed as before."""
+def test_a_cached_prompts_few_new_tokens_are_routed_and_decode_keeps_its_own() -> None:
+    """A cached prompt's last few tokens (5 and 16 here) over moved keys read them from
+    scratch pages, as any longer request does; the single-token decode beside them stays
+    on the decode launch (the served comparison at 25f6b6d found the in-place short launch
+    no faster, `cached-ttft-h100-25f6b6d-*.json`)."""
     plan = _plan([1, 5, 16], [70, 900, 33])
-    assert plan.has_decode and plan.has_short and not plan.has_prefill
-    assert _routed(plan, [False, True, False], [True, True, True], [70, 900, 33]) is plan
-    plan = _plan([5, 17], [900, 90])
-    assert plan.has_short and plan.has_prefill
-    routes = _routed(plan, [False, False], [True, True], [900, 90]).routes
-    assert routes is not None and routes.scratch is not None and routes.at_origin is None and routes.tiles is None
-    assert routes.scratch.query_used.tolist() == [0, 17]
-    assert routes.scratch.page_start.tolist() == [-1, 0]  # no pages for the short request
-
-
-def test_without_the_short_launch_short_requests_are_routed(monkeypatch) -> None:
-    """MINIPIC_SHORT_QUERY_TOKENS=0 (read at import, the module's constant here): the same
-    requests as above take the prefill routes, the decode launch keeps its own."""
-    monkeypatch.setattr(triton_attention, "SHORT_QUERY_TOKENS", 0)
-    plan = _plan([1, 5, 16], [70, 900, 33])
-    assert plan.has_decode and not plan.has_short and plan.has_prefill
-    assert plan.short_limit == plan.decode_limit == 4
+    assert plan.has_decode and plan.has_prefill and plan.decode_limit == 4
     routes = _routed(plan, [False, False, False], [True, True, True], [70, 900, 33]).routes
-    assert routes is not None and routes.scratch is not None
+    assert routes is not None and routes.scratch is not None and routes.at_origin is None and routes.tiles is None
     assert routes.scratch.query_used.tolist() == [0, 5, 16]
+    assert routes.scratch.page_start.tolist() == [-1, 0, 57]  # no pages for the decode request
 
 
 # Physical blocks of a refreshed-heads prompt: [plain prefix][PDep head][HSep span, 2 blocks]

@@ -75,26 +75,17 @@ def test_decode_attention_compiles_for_sm90(move: bool) -> None:
 
     cfg = triton_attention.decode_config(128)
     constants = dict(_LLAMA3, BLOCK_M=16, BLOCK_Q=1, BLOCK_N=cfg.block_n, TILE_BLOCKS=cfg.block_n // 16, MOVE=move,
-                     PAIR_HALVES=move, USE_SPLITS=True, SKIP_QLEN_LE=0)  # fmt: skip
+                     PAIR_HALVES=move, USE_SPLITS=True)  # fmt: skip
     assert _ptx(triton_attention._decode_kernel, "bf16", constants, _ATTENTION_POINTERS, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages)
 
 
-@pytest.mark.parametrize("move", [False, True])
-def test_short_attention_compiles_for_sm90(move: bool) -> None:
-    """The short launch (a cached prompt's last few tokens) as a Llama-3-8B server runs it: the
-    decode kernel with a prefill tile's 128 rows and launch shape, key splits and their merge."""
+def test_split_merge_compiles_for_sm90() -> None:
+    """The merge of a decode launch's key splits (one request alone over a long context), Llama-3-8B's heads."""
     from minipic_kernels import triton_attention
 
-    cfg, block_q = triton_attention.prefill_config(128), triton_attention.short_query_limit(4, 128)
-    shape = dict(BLOCK_M=4 * block_q, BLOCK_Q=block_q, SKIP_QLEN_LE=triton_attention.decode_query_limit(4))
-    constants = dict(_LLAMA3, **shape, BLOCK_N=cfg.block_n, TILE_BLOCKS=cfg.block_n // 16, MOVE=move,
-                     PAIR_HALVES=move, USE_SPLITS=True)  # fmt: skip
-    assert shape["BLOCK_M"] == cfg.block_m
-    assert _ptx(triton_attention._decode_kernel, "bf16", constants, _ATTENTION_POINTERS, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
-    merge = dict(HEAD=128, HEAD_P=128, GROUP=4, GROUP_P=4, **shape)
-    assert _ptx(triton_attention._merge_splits_kernel, "bf16", merge, _ATTENTION_POINTERS, num_warps=8)
+    merge = dict(HEAD=128, HEAD_P=128, GROUP=4, GROUP_P=4, BLOCK_M=16, BLOCK_Q=triton_attention.decode_query_limit(4))
+    assert _ptx(triton_attention._merge_splits_kernel, "bf16", merge, _ATTENTION_POINTERS, num_warps=4)
 
 
 @pytest.mark.parametrize("move", [False, True])
@@ -105,7 +96,7 @@ def test_prefill_attention_compiles_for_sm90(move: bool) -> None:
 
     cfg = triton_attention.prefill_config(128)
     constants = dict(_LLAMA3, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // 4, BLOCK_N=cfg.block_n,
-                     TILE_BLOCKS=cfg.block_n // 16, MOVE=move, PAIR_HALVES=move, SKIP_QLEN_LE=32,
+                     TILE_BLOCKS=cfg.block_n // 16, MOVE=move, PAIR_HALVES=move, SKIP_QLEN_LE=4,
                      USE_FLAGS=True)  # fmt: skip
     assert _ptx(triton_attention._prefill_kernel, "bf16", constants, _ATTENTION_POINTERS, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages)

@@ -148,7 +148,7 @@ REFRESHED, REFRESHED_AT_0 = (P, D, H, P, D, H, D), (H, P, D, H, D)
 # A step of 16-token blocks: two final prompts computing only their question (every row outside
 # spans: the stock kernel over scratch pages without their hidden heads), a whole prompt computed
 # (span rows: tiles), a plain prefill, a decode after a final prompt, an SSep span's rows (tiles)
-# and a final prompt's last few tokens (the short launch, hidden heads masked).
+# and a final prompt's last few tokens (scratch pages without the hidden heads, as the first two).
 REFRESHED_STEP = [(130, 34), (100, 36), (120, 120), (64, 64), (70, 1), (50, 40), (130, 12)]
 REFRESHED_STEP_LAYOUTS = (REFRESHED, REFRESHED_AT_0, REFRESHED, (), REFRESHED, (P, S, P, D), REFRESHED)
 MIXED = [(37, 37), (70, 1), (50, 20), (16, 1), (90, 3)]
@@ -193,9 +193,8 @@ CASES = [
     # Many short prefills: tile ids leave gaps between requests, so the grid must cover them all.
     Case("f32_many_short_prefills", [(96 + 16 * (i % 4) + i, 40) for i in range(16)], group=2, prefill=None,
          decode=None, seed=26),
-    # Short requests (more tokens than decode takes, at most SHORT_QUERY_TOKENS): the decode
-    # kernel with a tile's rows, keys split, over moved, windowed and hidden blocks, beside
-    # decodes and routed prefill.
+    # Short requests (a few more tokens than decode takes: a cached prompt's last tokens) over
+    # moved, windowed and hidden blocks, beside decodes and longer prefill.
     Case("f32_short_moved_splits", [(300, 20), (120, 1), (200, 32)], group=2, kinds="plain",
          misplaced=1.0, seed=27),
     Case("f32_short_windows_hidden_g4", [(160, 30), (75, 5), (64, 64), (140, 17)], group=4, kinds="hidden",
@@ -260,7 +259,7 @@ def _run_case(case: Case) -> dict:
         key_cache = inputs["key_cache"]
         extra["plan"] = plan_step(
             [b - a for a, b in zip(qsl, qsl[1:])], lengths, max_seq_len=max(lengths), block_size=case.block_size,
-            group=case.group, head_size=key_cache.shape[-1],
+            group=case.group,
             page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=1 << 30,
         )  # fmt: skip
@@ -423,9 +422,10 @@ def hidden_flag_gates_the_mask_case() -> dict:
 
 
 def refreshed_heads_on_the_stock_kernel_case() -> dict:
-    """The refreshed-heads final prompts' rows are the stock kernel's, over pages without their
-    two hidden heads (the tile kernel would pass the cases above too): one launch computes
-    their rows alone with ``seq_used`` two blocks short, and the step equals the reference."""
+    """The refreshed-heads final prompts' rows (their last 12 tokens alone too) are the stock
+    kernel's, over pages without their two hidden heads (the tile kernel would pass the cases
+    above too): one launch computes their rows alone with ``seq_used`` two blocks short, and
+    the step equals the reference."""
     case = next(c for c in CASES if c.name == "f32_refreshed_heads_at_origin")
     inputs = build(case)
     launches = []
@@ -438,8 +438,8 @@ def refreshed_heads_on_the_stock_kernel_case() -> dict:
 
     out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
     max_err = float((out - paged_rope_attention_reference(**inputs)).abs().nan_to_num(float("inf")).max())
-    compacted = [s[:2] for q, s in launches if q == [34, 36, 0, 0, 0, 0, 0]]
-    ok = max_err <= 1e-3 and compacted == [[130 - 32, 100 - 32]]
+    compacted = [s[:2] + s[6:] for q, s in launches if q == [34, 36, 0, 0, 0, 0, 12]]
+    ok = max_err <= 1e-3 and compacted == [[130 - 32, 100 - 32, 130 - 32]]
     return {"name": "refreshed_heads_on_the_stock_kernel", "ok": ok, "max_err": max_err, "tol": 1e-3,
             "detail": f"launches={launches}"}  # fmt: skip
 
@@ -540,12 +540,12 @@ def _launches(run: Callable[[], None]) -> set[tuple]:
 
 
 def _random_step(rng: random.Random, limit: int) -> list[tuple[int, int]]:
-    """(seq_len, query_len) per request: decodes, short queries, prefills, chunks over a context."""
+    """(seq_len, query_len) per request: decodes, multi-token decodes, prefills, chunks over a context."""
     reqs = []
     for _ in range(rng.randint(1, 6)):
-        kind = rng.choice(("decode", "short", "prefill", "chunk"))
+        kind = rng.choice(("decode", "multi", "prefill", "chunk"))
         seq = rng.randint(1, 300)
-        query = {"decode": 1, "short": min(seq, rng.randint(2, limit)), "prefill": seq,
+        query = {"decode": 1, "multi": min(seq, rng.randint(2, limit)), "prefill": seq,
                  "chunk": rng.randint(1, seq)}[kind]  # fmt: skip
         reqs.append((seq, query))
     return reqs
@@ -560,7 +560,7 @@ def warm_up_coverage(steps: int = 16, seed: int = 0) -> dict:
     freqs = torch.outer(torch.arange(4096, dtype=torch.float32), inv_freq)  # a server-length table
     cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     rng = random.Random(seed)
-    limit = triton_attention.short_query_limit(shape.num_q_heads // shape.num_kv_heads, shape.head_size)
+    limit = triton_attention.decode_query_limit(shape.num_q_heads // shape.num_kv_heads)
     missing, warmed, stepped = [], 0, 0
     for paged_attention in (None, paged_causal_attention_reference):
         warm = _launches(lambda: warmup.warm_up(shape, cos_sin, 0.125, paged_attention))

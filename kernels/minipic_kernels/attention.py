@@ -1,16 +1,12 @@
 """GPU attention over position-stamped keys: which kernel computes which rows of a step.
 
 Implements the contract of `minipic_kernels.reference.paged_rope_attention_reference`.
-A step's requests fall into five groups, each computed by the fastest kernel that is
+A step's requests fall into four groups, each computed by the fastest kernel that is
 exact for it:
 
 * **decode** (at most `decode_query_limit` query tokens): the Triton kernel, K/V from the
   paged cache straight into the dot (memory-bound: one pass over K/V), keys of misplaced
   blocks rotated in registers, windows and hidden blocks honoured;
-* **short** (more, up to `short_query_limit`: one prefill tile, e.g. a cached prompt's last
-  few tokens over its moved documents): the same kernel with a prefill tile's rows, keys split
-  across programs as decode splits them, so nothing is moved into scratch pages and a step
-  of decode and short requests alone needs no routing;
 * **prefill at origin** (no windows, every block where it was computed: plain prompts,
   prefix hits, a request's own earlier chunks, span prefills): a stock causal paged kernel
   (FlashAttention-3 in vLLM) over the cache itself, as stock vLLM runs it;
@@ -51,7 +47,6 @@ from minipic_kernels.triton_attention import (
     decode_query_limit,
     launch,
     prefill_config,
-    short_query_limit,
 )
 
 __all__ = ["PagedAttention", "StepPlan", "paged_rope_attention", "plan_step"]
@@ -117,10 +112,8 @@ class StepPlan:
     max_seq_len: int
     max_decode_query_len: int
     has_decode: bool
-    has_short: bool
     has_prefill: bool
-    decode_limit: int  # requests with more query tokens are short or prefill
-    short_limit: int  # requests with more query tokens are prefill
+    decode_limit: int  # requests with more query tokens are prefill
     block_size: int
     page_bytes: int  # one scratch page of keys plus values
     scratch_budget_bytes: int
@@ -133,7 +126,7 @@ class StepPlan:
             return self
         flags = step.flags.cpu()  # the host sync
         masks, compacts, misplaces = (flags[row].tolist() for row in (MASKED, COMPACTABLE, MOVED))
-        prefill = [q > self.short_limit for q in self.query_lens]
+        prefill = [q > self.decode_limit for q in self.query_lens]
         at_origin = [p and not w and not m for p, w, m in zip(prefill, masks, misplaces)]
         # A compactable request reads its keys less its hidden blocks from scratch, moved or not.
         on_scratch = [p and (c or (m and not w)) for p, w, c, m in zip(prefill, masks, compacts, misplaces)]
@@ -173,13 +166,12 @@ def plan_step(
     max_seq_len: int,
     block_size: int,
     group: int,
-    head_size: int,
     page_bytes: int,
     scratch_budget_bytes: int,
 ) -> StepPlan:
     """Plan a step from host-side query lengths and (upper bounds on) sequence lengths
     (``seq_lens=None`` bounds every request by ``max_seq_len``)."""
-    limit, short = decode_query_limit(group), short_query_limit(group, head_size)
+    limit = decode_query_limit(group)
     decode_lens = [q for q in query_lens if 0 < q <= limit]
     return StepPlan(
         query_lens=tuple(query_lens),
@@ -188,10 +180,8 @@ def plan_step(
         max_seq_len=max_seq_len,
         max_decode_query_len=max(decode_lens, default=0),
         has_decode=bool(decode_lens),
-        has_short=any(limit < q <= short for q in query_lens),
-        has_prefill=any(q > short for q in query_lens),
+        has_prefill=any(q > limit for q in query_lens),
         decode_limit=limit,
-        short_limit=short,
         block_size=block_size,
         page_bytes=page_bytes,
         scratch_budget_bytes=scratch_budget_bytes,
@@ -250,7 +240,6 @@ def paged_rope_attention(
             max_seq_len=max(lengths, default=0),
             block_size=block_size,
             group=num_q_heads // num_kv_heads,
-            head_size=head_size,
             page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=scratch_budget_bytes,
         )
@@ -262,9 +251,6 @@ def paged_rope_attention(
     )  # fmt: skip
     if plan.has_prefill:
         _prefill(work, output, plan, prefill or prefill_config(head_size), paged_attention, num_tokens)
-    if plan.has_short:
-        launch(work, output, prefill or prefill_config(head_size), decode=True, short=True, num_tokens=num_tokens,
-               max_query_len=plan.short_limit)  # fmt: skip
     if plan.has_decode:
         launch(work, output, decode or decode_config(head_size), decode=True, num_tokens=num_tokens,
                max_query_len=plan.max_decode_query_len)  # fmt: skip

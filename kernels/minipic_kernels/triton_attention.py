@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import torch
 import triton
@@ -378,17 +377,16 @@ def _decode_kernel(
     MOVE: tl.constexpr,  # this launch takes the requests reading a block away from its origin
     PAIR_HALVES: tl.constexpr,  # MOVE with the whole head rotating: keys by pair halves (`_tile_scores`)
     USE_SPLITS: tl.constexpr,  # write partial softmax states for _merge_splits_kernel
-    SKIP_QLEN_LE: tl.constexpr,  # requests with q_len <= this belong to another launch (0: none)
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Decode: program (request, kv head, key split) for the requests with more than
-    ``SKIP_QLEN_LE`` and at most ``BLOCK_Q`` query tokens, all of them in one tile."""
+    """Decode: program (request, kv head, key split) for the requests with at most
+    ``BLOCK_Q`` query tokens, all of them in one tile."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     q_begin = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
-    if (q_len > BLOCK_Q) | (q_len <= SKIP_QLEN_LE) | (q_len == 0):
+    if (q_len > BLOCK_Q) | (q_len == 0):
         return
     if _other_variant(req_moved_ptr, req, ROT_HALF, MOVE):
         return
@@ -450,14 +448,14 @@ def _merge_splits_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, query_start_loc_ptr, num_reqs, num_splits,
     stride_ot, stride_oh, stride_od,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, SKIP_QLEN_LE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """Merge the ``num_splits`` partial softmax states of one (request, kv head) of a decode launch."""
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_begin = tl.load(query_start_loc_ptr + req)
     q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
-    if (q_len > BLOCK_Q) | (q_len <= SKIP_QLEN_LE) | (q_len == 0):
+    if (q_len > BLOCK_Q) | (q_len == 0):
         return
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_P)
@@ -538,23 +536,6 @@ def decode_query_limit(group: int) -> int:
     return max(16, group_p) // group_p
 
 
-# The new tokens of a cached prompt, its question and the chat template's end, are a few dozen.
-# MINIPIC_SHORT_QUERY_TOKENS=0 turns the short launch off (those requests take the prefill
-# routes), so one run can compare both on a server (`benchmarks/served.py`'s pic-256-scratch).
-SHORT_QUERY_TOKENS = int(os.environ.get("MINIPIC_SHORT_QUERY_TOKENS", "32"))
-
-
-def short_query_limit(group: int, head_size: int) -> int:
-    """Query tokens per request that the short launch takes: the decode kernel with up to a
-    prefill tile's rows (`prefill_config`) and key splits, for requests with more tokens than
-    decode takes and at most `SHORT_QUERY_TOKENS`. A cached prompt's few new tokens over a
-    long moved context then read the keys in place, rotated in registers, where the stock
-    kernel needs them moved into scratch pages first (and the step's routing, a host sync)."""
-    group_p = _pow2(group)
-    tile = min(SHORT_QUERY_TOKENS, max(prefill_config(head_size).block_m, group_p) // group_p)
-    return max(decode_query_limit(group), tile)  # at decode's limit: no request is short
-
-
 def decode_block_q(group: int, max_decode_query_len: int) -> int:
     """Tokens per decode tile: 1 for a step of single-token decodes (the common case, and
     CUDA-graph decode), else `decode_query_limit`. Two compiled variants, not one per length."""
@@ -625,22 +606,18 @@ def launch(
     num_tokens: int,
     max_query_len: int,
     req_flags: torch.Tensor | None = None,
-    short: bool = False,
 ) -> None:
     """One launch: ``decode`` (requests with <= `decode_query_limit` tokens; ``max_query_len``
-    is then the longest of those; with ``short``, the requests above that and up to
-    `short_query_limit` instead, ``cfg`` a tile's) or tiles (the others, only flagged ones when
-    `req_flags` is given). No host sync."""
+    is then the longest of those) or tiles (the others, only flagged ones when `req_flags` is
+    given). No host sync."""
     query, key_cache = work.query, work.key_cache
     num_reqs = work.seq_lens.shape[0]
     num_q_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     group = num_q_heads // num_kv_heads
     group_p = _pow2(group)
-    limit = decode_query_limit(group)
-    skip_le = limit if short else 0
     if decode:
-        block_q = short_query_limit(group, head_size) if short else decode_block_q(group, max_query_len)
+        block_q = decode_block_q(group, max_query_len)
         block_m, num_tiles = max(16, block_q * group_p), num_reqs
     else:
         block_m = max(cfg.block_m, group_p)
@@ -679,17 +656,17 @@ def launch(
         if decode:
             _decode_kernel[(num_tiles, num_kv_heads, splits)](
                 *head_args, part_acc, part_ml, work.scale * _LOG2E, num_reqs, splits, *strides, **shape, **variant,
-                USE_SPLITS=splits > 1, SKIP_QLEN_LE=skip_le,
+                USE_SPLITS=splits > 1,
             )  # fmt: skip
         else:
             _prefill_kernel[(num_tiles, num_kv_heads)](
                 *head_args, req_flags if req_flags is not None else work.seq_lens, work.scale * _LOG2E, num_reqs,
-                *strides, **shape, **variant, SKIP_QLEN_LE=short_query_limit(group, head_size),
+                *strides, **shape, **variant, SKIP_QLEN_LE=decode_query_limit(group),
                 USE_FLAGS=req_flags is not None,
             )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(num_tiles, num_kv_heads)](
             out, part_acc, part_ml, work.query_start_loc, num_reqs, splits, *out.stride(),
             HEAD=head_size, HEAD_P=head_p, GROUP=group, GROUP_P=group_p, BLOCK_M=block_m,
-            BLOCK_Q=block_q, SKIP_QLEN_LE=skip_le, num_warps=4 if block_m <= 16 else 8,
+            BLOCK_Q=block_q, num_warps=4 if block_m <= 16 else 8,
         )  # fmt: skip

@@ -3,9 +3,8 @@
 Triton compiles a kernel the first time it meets a new set of compile-time constants
 (and integer/pointer specialisations). A step writes its keys and values (`kv_write`),
 then `paged_rope_attention` picks among a fixed set of variants per layer shape: the
-decode launch for single-token and multi-token decodes and the short launch (the same
-kernel with a tile's rows), each with and without key splits (plus their merge), the
-pre-pass moving keys into scratch pages, and the tile launch (the prefill a stock kernel
+decode launch for single-token and multi-token decodes, each with and without key splits
+(plus their merge), the pre-pass moving keys into scratch pages, and the tile launch (the prefill a stock kernel
 cannot take, every prefill without one). `warm_up` runs one small batch per variant, with
 tensors strided exactly like vLLM's, so serving never waits for a compiler.
 """
@@ -19,7 +18,7 @@ import torch
 from minipic_kernels.attention import PagedAttention, paged_rope_attention
 from minipic_kernels.block_kinds import BlockKind
 from minipic_kernels.kv_write import write_kv
-from minipic_kernels.triton_attention import decode_programs_to_fill, decode_query_limit, short_query_limit
+from minipic_kernels.triton_attention import decode_programs_to_fill, decode_query_limit
 
 __all__ = ["LayerShape", "warm_up"]
 
@@ -53,16 +52,15 @@ def warm_up(
     """
     device = cos_sin.device
     group = shape.num_q_heads // shape.num_kv_heads
-    limit, short = decode_query_limit(group), short_query_limit(group, shape.head_size)
-    # Enough decode requests to fill the GPU without key splits (short ones need fewer); one alone splits.
+    limit = decode_query_limit(group)
+    # Enough decode requests to fill the GPU without key splits; one alone splits.
     many = -(-decode_programs_to_fill(device, shape.head_size) // shape.num_kv_heads) + 1
     batches = [
         # windowed tiles, stock kernel at origin and over moved keys; split decode
         [(96, 96), (80, 64), (64, 40), (600, 1)],
         [(50, 1)] * many,  # decode without splits
-        [(40, 40), (600, limit), (600, short)],  # multi-token decode and short requests, split
+        [(40, 40), (600, limit)],  # multi-token decode, split
         [(50, limit)] * many,  # multi-token decode without splits
-        [(50, short)] * many,  # short requests without splits
     ]
     for reqs in batches:
         _run(shape, cos_sin, scale, paged_attention, reqs, 1 << 30, table_width, moved=2)

@@ -80,7 +80,6 @@ class PicCudaMetadataBuilder(PicMetadataBuilder):
             max_seq_len=m.max_seq_len,
             block_size=self.block_size,
             group=self.group,
-            head_size=self.head_size,
             page_bytes=self.page_bytes,
             scratch_budget_bytes=SCRATCH_BUDGET_BYTES,
         )
