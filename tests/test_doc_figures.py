@@ -1148,11 +1148,11 @@ def _assert_quoted(section: str, phrases: Iterable[str]) -> None:
         assert phrase in text, phrase
 
 
-def _gpu_suites_passed(gpu: str, commit: str, device: str | None = None) -> list[dict]:
+def _gpu_suites_passed(gpu: str, commit: str, device: str | None = None, reference: int = 23) -> list[dict]:
     """The two `make test-gpu` halves' records at `commit`, checked complete with every test
-    passed (5 GPU tests, 23 reference ones), on `device` when given."""
+    passed (5 GPU tests, ``reference`` reference ones), on `device` when given."""
     records = [_result(f"gpu-test-{gpu}-{commit}-{half}-suite.json") for half in ("gpu", "reference")]
-    for record, passed in zip(records, (5, 23), strict=True):
+    for record, passed in zip(records, (5, reference), strict=True):
         assert (record["commit"], record["complete"], record["passed"], record["failed"]) == (commit, True, passed, 0)
         assert device is None or record["device"] == device
     return records
@@ -1418,6 +1418,37 @@ def test_the_h100_cached_request_section_matches_its_results() -> None:
         f"{ms(stock_large, 'request_block_hasher'):.1f} hashing",
         f"{(small['server_prefill_s'] - stock_small['server_prefill_s']) * 1e3:.1f} ms more than stock at one "
         f"document and {(large['server_prefill_s'] - stock_large['server_prefill_s']) * 1e3:.1f} at 32",
+    ))  # fmt: skip
+
+
+def test_the_short_launch_removal_section_matches_its_results() -> None:
+    """The H100 section at 25f6b6d/3dd03fc: both orders' tables, the times it compares, and the
+    GPU suites that passed at both commits."""
+    section = _benchmarks_section("Latest: the short launch removed")
+    runs = {name: _result(f"cached-ttft-h100-25f6b6d-{name}.json") for name in ("short-launch-first", "scratch-first")}
+    for run in runs.values():
+        assert run["provenance"]["commit"] == "25f6b6d" and run["provenance"]["device"].startswith("NVIDIA H100")
+        assert "\n".join(tables.ttft(run)) in section
+
+    def ms(run: str, server: str, docs: int) -> str:
+        row = next(r for r in runs[run]["rows"] if r["server"] == server and r["docs"] == docs)
+        return f"{row['ttft_median_s'] * 1e3:.1f}"
+
+    first, second = "short-launch-first", "scratch-first"
+    short, scratch = "pic-256", "pic-256-scratch"
+    records = _gpu_suites_passed("h100", "3dd03fc", "NVIDIA H100 80GB HBM3", reference=25)
+    knob_off = [_result(f"gpu-test-h100-25f6b6d-no-short-launch-{half}-suite.json") for half in ("gpu", "reference")]
+    assert [(r["commit"], r["passed"], r["failed"]) for r in knob_off] == [("25f6b6d", 5, 0), ("25f6b6d", 25, 0)]
+    _assert_quoted(section, (
+        f"took {ms(first, short, 1)} and {ms(second, scratch, 1)} ms over one document, whichever route it had; "
+        f"the second {ms(first, scratch, 1)} and {ms(second, short, 1)} ms",
+        f"(second: {ms(first, scratch, 1)} against {ms(second, short, 1)} ms and {ms(first, scratch, 8)} against "
+        f"{ms(second, short, 8)}; first: {ms(second, scratch, 1)} against {ms(first, short, 1)} and "
+        f"{ms(second, scratch, 8)} against {ms(first, short, 8)})",
+        f"ahead in the first position ({ms(first, short, 32)} against {ms(second, scratch, 32)} ms) and the "
+        f"scratch route in the second ({ms(first, scratch, 32)} against {ms(second, short, 32)})",
+        "test-gpu-halves`, {:.0f} s and {:.0f} s;".format(*(record["seconds"] for record in records)),
+        f"({ms(second, 'stock-fa3', 32)} ms for the same 32-document prompt fully cached)",
     ))  # fmt: skip
 
 
