@@ -2,7 +2,8 @@
 
 Every results JSON carries this under ``"provenance"``. A device machine gets a copy of the
 tree without git, so ``MINIPIC_COMMIT`` and ``MINIPIC_DIRTY`` (set by whoever sends the
-tree) name the commit there.
+tree) name the commit there. The ``MINIPIC_*`` and ``VLLM_*`` variables of the run go in too:
+they switch kernels, graphs and plugins, so two results of one commit may differ by them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -29,8 +31,17 @@ def _version(module: str) -> str | None:
         return None
 
 
+_KNOB_PREFIXES = ("MINIPIC_", "VLLM_")
+_NOT_KNOBS = {"MINIPIC_COMMIT", "MINIPIC_DIRTY"}  # recorded as commit and dirty
+
+
+def knobs(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment variables that may change what MiniPIC or vLLM computes, by name."""
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(_KNOB_PREFIXES) and k not in _NOT_KNOBS}
+
+
 def provenance() -> dict[str, Any]:
-    """Commit, dirty flag, date, argv, library versions, GPU (or "cpu") and CPU count."""
+    """Commit, dirty flag, date, argv, library versions, GPU (or "cpu"), CPU count and knobs."""
     commit = os.environ.get("MINIPIC_COMMIT") or _git("rev-parse", "HEAD")
     if "MINIPIC_DIRTY" in os.environ:
         dirty: bool | None = os.environ["MINIPIC_DIRTY"] == "1"
@@ -54,4 +65,5 @@ def provenance() -> dict[str, Any]:
         "python": platform.python_version(),
         "device": gpu,
         "cpus": len(os.sched_getaffinity(0)),
+        "environment": knobs(),
     }
