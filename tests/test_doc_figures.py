@@ -1450,6 +1450,18 @@ def test_the_short_launch_removal_section_matches_its_results() -> None:
         "test-gpu-halves`, {:.0f} s and {:.0f} s;".format(*(record["seconds"] for record in records)),
         f"({ms(second, 'stock-fa3', 32)} ms for the same 32-document prompt fully cached)",
     ))  # fmt: skip
+    after = _result("cached-ttft-h100-902e309-first-process.json")
+    assert after["provenance"]["commit"] == "902e309" and "\n".join(tables.ttft(after)) in section
+    fresh, large, again = after["rows"]
+    assert (fresh["docs"], large["docs"], again["docs"]) == (1, 32, 1)
+    _assert_quoted(section, (
+        f"answered one document in {fresh['ttft_median_s'] * 1e3:.1f} ms, as the scratch route did second above "
+        f"({ms(first, scratch, 1)} ms)",
+        f"took {again['ttft_median_s'] * 1e3:.1f} ms: "
+        f"{(again['server_prefill_s'] - fresh['server_prefill_s']) * 1e3:.1f} ms more scheduled to first token",
+        f"the 32-document request is {large['ttft_median_s'] / fresh['ttft_median_s']:.1f}x; against the later one "
+        f"{large['ttft_median_s'] / again['ttft_median_s']:.1f}x",
+    ))  # fmt: skip
 
 
 def test_the_short_launch_section_matches_its_results() -> None:
