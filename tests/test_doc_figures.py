@@ -1462,6 +1462,10 @@ def test_the_short_launch_removal_section_matches_its_results() -> None:
         f"the 32-document request is {large['ttft_median_s'] / fresh['ttft_median_s']:.1f}x; against the later one "
         f"{large['ttft_median_s'] / again['ttft_median_s']:.1f}x",
     ))  # fmt: skip
+    cpu = _result("cached-ttft-cpu-1baa551-history.json")
+    assert cpu["provenance"]["device"] == "cpu" and [r["docs"] for r in cpu["rows"]] == [1, 32, 1]
+    _assert_quoted(section, ["growth: {:.1f} ms, then {:.1f}, then {:.1f}".format(
+        *(r["ttft_median_s"] * 1e3 for r in cpu["rows"]))])
 
 
 def test_the_short_launch_section_matches_its_results() -> None:
