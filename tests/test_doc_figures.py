@@ -1801,3 +1801,28 @@ def test_the_first_passage_last_matches_its_results() -> None:
     gained, lost, p = _pairing(answers, "refreshed_heads_then_lead_text", "lead_text_repeat_refreshed_heads")
     assert (f"answers {gained} questions right that the default misses and misses {lost} it answers "
             f"(exact McNemar {p})") in doc
+
+
+def test_where_the_defaults_wrong_answers_come_from_matches_its_result() -> None:
+    """docs/accuracy.md's split of wrong year answers per layout, and the default's differences
+    from full attention quoted under it, as `accuracy_errors.py` wrote them."""
+    from accuracy_errors import CAUSES
+
+    errors = _result("accuracy-errors-smollm2-h100-ranked.json")
+    assert errors["result"] == "accuracy-families-smollm2-h100-ranked.json.gz" and errors["questions"] == 1000
+    lines = (ROOT / "docs/accuracy.md").read_text().splitlines()
+    directors = {}
+    for layout, row in errors["layouts"].items():
+        directors[layout] = row["wrong"] - sum(row[c] for c in CAUSES)
+        cells = [layout, row["wrong"], *(row[c] for c in CAUSES), directors[layout]]
+        assert "| " + " | ".join(map(str, cells)) + " |" in lines, layout
+    full, default = errors["layouts"]["full"], errors["layouts"]["lead_text_repeat_refreshed_heads"]
+    more = {c: default[c] - full[c] for c in CAUSES}
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    _assert_quoted(doc, (
+        f"The default answers {default['wrong'] - full['wrong']} more questions wrong than full attention",
+        f"names another passage's year {more[CAUSES[0]]} times more often, the answering passage's other year "
+        f"(birth for death) {more[CAUSES[1]]} more, no year {more[CAUSES[3]]} more and a year no passage holds "
+        f"{more[CAUSES[2]]} more",
+        f"wrong less often ({directors['lead_text_repeat_refreshed_heads']} against {directors['full']})",
+    ))  # fmt: skip
