@@ -23,6 +23,7 @@ from pathlib import Path
 
 from results_io import read_result, write_result
 
+from accuracy_families import Corpus
 from provenance import provenance
 
 YEAR = re.compile(r"\b(1\d{3}|20\d{2})\b")
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--family", default="single")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    texts = [f"{p['title']}\n{p['text']}" for p in json.loads(args.passages.read_bytes())]
+    texts = Corpus.of(json.loads(args.passages.read_bytes()), set()).texts  # as the run's prompts held them
     family = read_result(args.result)["families"][args.family]
     questions = family["questions"]
     if any(i >= len(texts) for q in questions for i in q["passages"]):
