@@ -139,7 +139,7 @@ def main() -> None:
 
     passages = json.loads(args.passages.read_text())
     docs = passages_as_docs(passages, AutoTokenizer.from_pretrained(args.tokenizer), 1000, max(args.docs))
-    rows = []
+    rows, record = [], provenance()
     for server in (SERVERS[name] for name in args.servers):
         flags = []
         if args.gpu_profile:
@@ -149,7 +149,8 @@ def main() -> None:
             for k in args.docs:
                 rows.append(asyncio.run(measure_k(url, server, args, docs[:k], process)))
                 print(json.dumps({key: v for key, v in rows[-1].items() if not key.startswith(("stack", "gpu"))}))
-    args.out.write_text(json.dumps({"provenance": provenance(), "layout": args.layout, "rows": rows}, indent=1) + "\n")
+                # Written after every row: a run cut short by the device call's limit keeps what it measured.
+                args.out.write_text(json.dumps({"provenance": record, "layout": args.layout, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -67,16 +67,21 @@ async def acomplete(
     return _parse(response.json())
 
 
+def complete_together(server: RunningServer, prompts: list[list[int]], max_tokens: int = 4) -> list[Completion]:
+    """``prompts`` in one request: vLLM adds them back to back, so a step that has room
+    schedules them together. Each completion's usage counts all of them."""
+    body = _request(server, prompts, max_tokens, 20)
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+    response.raise_for_status()
+    payload = response.json()
+    return [_parse({**payload, "choices": [c for c in payload["choices"] if c["index"] == i]}) for i in range(len(prompts))]
+
+
 def complete_after(server: RunningServer, first: list[int], prompt: list[int], max_tokens: int = 4) -> Completion:
     """`prompt` completed in one request right behind `first`, which vLLM schedules ahead of it:
     the chunks of `prompt` that share a step with `first` get what is left of the step's budget.
     Usage counts both prompts; `first` should be one nothing is cached for."""
-    body = _request(server, [first, prompt], max_tokens, 20)
-    response = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
-    response.raise_for_status()
-    payload = response.json()
-    payload["choices"] = [c for c in payload["choices"] if c["index"] == 1]
-    return _parse(payload)
+    return complete_together(server, [first, prompt], max_tokens)[1]
 
 
 def prefill(server: RunningServer, prompt: list[int]) -> Completion:

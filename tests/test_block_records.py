@@ -50,13 +50,16 @@ def planner(tables: dict[str, list[int]], requests: dict[str, SimpleNamespace]) 
 
 
 def test_a_step_ships_the_records_of_the_blocks_that_entered_tables() -> None:
-    # "new": [sys][SSep a a][PDep q] on blocks 10-13; "running": its last two blocks are new this step.
+    # "new": [sys][SSep a a][PDep q] on blocks 10-13, its first block a prefix hit; "running":
+    # its last two blocks are new this step.
     new = request([5, 9, 9, 9, 1, 9, 9, 9, 9, 9, 9, 9, 2, 9])
     running = request([1, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], generated=5)
     plan = planner({"new": [10, 11, 12, 13], "running": [20, 21, 22, 23, 24]}, {"new": new, "running": running})
     output = SimpleNamespace(
-        scheduled_new_reqs=[SimpleNamespace(req_id="new", block_ids=([10, 11, 12, 13],))],
-        scheduled_cached_reqs=SimpleNamespace(req_ids=["running", "idle"], new_block_ids=[([23, 24],), None]),
+        scheduled_new_reqs=[SimpleNamespace(req_id="new", block_ids=([10, 11, 12, 13],), num_computed_tokens=4)],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=["running", "idle"], new_block_ids=[([23, 24],), None], num_computed_tokens=[15, 3]
+        ),
     )
     step = plan.records(output)
     assert step == StepRecords(
@@ -64,13 +67,37 @@ def test_a_step_ships_the_records_of_the_blocks_that_entered_tables() -> None:
         block_ids=[10, 11, 12, 13, 23, 24],
         kinds=[BlockKind.PLAIN, BlockKind.SSEP, BlockKind.PLAIN, BlockKind.PDEP, BlockKind.PLAIN, BlockKind.PLAIN],
         origins=[0, 0, 1, 3, 3, 4],
-        write_shifts=[0, 1, 1, 0, 0, 0],
+        written_ids=[11, 12, 13, 23, 24],
+        write_shifts=[1, 1, 0, 0, 0],
     )
+
+
+@pytest.mark.parametrize("writer_first", [True, False])
+def test_a_block_computed_and_found_in_one_step_keeps_the_computing_requests_shift(writer_first: bool) -> None:
+    """A span computed by one request ([sys][span]) and found in the prefix cache by another
+    scheduled after it in the same step ([span] at the prompt's start): both list its blocks,
+    only the computing request's write shift (one block) is set, whichever is listed last (the
+    reader's own last block, 6, is its to write)."""
+    writer, reader = request([5, 9, 9, 9, 1, 9, 9, 9, 9, 9]), request([1, 9, 9, 9, 9, 9, 9])
+    plan = planner({"writer": [3, 4, 5], "reader": [4, 6]}, {"writer": writer, "reader": reader})
+    new = [SimpleNamespace(req_id="writer", block_ids=([3, 4, 5],), num_computed_tokens=0),
+           SimpleNamespace(req_id="reader", block_ids=([4, 6],), num_computed_tokens=4)]  # fmt: skip
+    output = SimpleNamespace(
+        scheduled_new_reqs=new if writer_first else new[::-1],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[], num_computed_tokens=[]),
+    )
+    records = BlockRecords(torch.device("cpu"))
+    records.apply(plan.records(output))
+    assert records.write_shift[3:7].tolist() == [0, 1, 1, 0]
+    assert records.origin[3:7].tolist() == [0, 0, 1, 1]
+    assert records.kind[3:7].tolist() == [BlockKind.PLAIN, BlockKind.SSEP, BlockKind.PLAIN, BlockKind.PLAIN]
 
 
 def test_the_worker_sets_shipped_records_and_derives_the_step_from_them() -> None:
     records = BlockRecords(torch.device("cpu"))
-    records.apply(StepRecords(8, [3, 5, 6], [BlockKind.SSEP, BlockKind.PLAIN, BlockKind.PDEP], [0, 1, 3], [1, 1, 0]))
+    records.apply(
+        StepRecords(8, [3, 5, 6], [BlockKind.SSEP, BlockKind.PLAIN, BlockKind.PDEP], [0, 1, 3], [3, 5, 6], [1, 1, 0])
+    )
     assert records.kind.tolist() == [0, 0, 0, 1, 0, 0, 2, 0]
     assert records.origin.tolist() == [0, 0, 0, 0, 0, 1, 3, 0]
     assert records.write_shift.tolist() == [0, 0, 0, 1, 0, 1, 0, 0]
@@ -86,16 +113,49 @@ def test_the_worker_sets_shipped_records_and_derives_the_step_from_them() -> Non
         records.ensure(9)
 
 
+def test_only_changed_records_reach_the_device() -> None:
+    """Blocks listed again with the records they have (a cached prompt's hits) are not written
+    again: a value planted on the device survives; a changed record replaces it."""
+    records = BlockRecords(torch.device("cpu"))
+    step = StepRecords(8, [3, 5], [BlockKind.SSEP, BlockKind.PLAIN], [0, 1], [3, 5], [2, 2])
+    records.apply(step)
+    records.origin[5] = 99
+    records.apply(StepRecords(8, [3, 5], [BlockKind.SSEP, BlockKind.PLAIN], [0, 1]))
+    assert records.origin[5].item() == 99
+    records.apply(StepRecords(8, [5], [BlockKind.PLAIN], [2]))
+    assert records.origin.tolist() == [0, 0, 0, 0, 0, 2, 0, 0]
+    assert records.write_shift.tolist() == [0, 0, 0, 2, 0, 2, 0, 0]  # hits keep the computing request's shift
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_device_holds_the_last_record_listed_and_the_last_shift_written(seed: int) -> None:
+    rng = random.Random(seed)
+    records, expected = BlockRecords(torch.device("cpu")), [[0] * 16 for _ in range(3)]
+    for _ in range(12):
+        ids = [rng.randrange(16) for _ in range(rng.randrange(0, 8))]
+        kinds = [expected[0][b] if rng.random() < 0.5 else rng.randrange(4) for b in ids]
+        origins = [expected[1][b] if rng.random() < 0.5 else rng.randrange(9) for b in ids]
+        written = sorted(set(rng.sample(ids, rng.randrange(0, len(ids) + 1))))
+        shifts = [rng.randrange(-2, 3) for _ in written]
+        records.apply(StepRecords(16, ids, kinds, origins, written, shifts))
+        for b, kind, origin in zip(ids, kinds, origins):
+            expected[0][b], expected[1][b] = kind, origin
+        for b, shift in zip(written, shifts):
+            expected[2][b] = shift
+        assert [records.kind.tolist(), records.origin.tolist(), records.write_shift.tolist()] == expected
+        assert records.any_write_shift == any(expected[2])
+
+
 def test_the_host_knows_whether_any_block_is_stored_away_from_where_it_is_computed() -> None:
     """Eager steps write with vLLM's kernel only while no block has a write shift: the host copy
-    follows every record shipped, a block listed twice included, without reading the device."""
+    follows every shift shipped, without reading the device."""
     records = BlockRecords(torch.device("cpu"))
-    records.apply(StepRecords(8, [3, 5], [BlockKind.PLAIN, BlockKind.PLAIN], [0, 1], [0, 0]))
+    records.apply(StepRecords(8, [3, 5], [BlockKind.PLAIN, BlockKind.PLAIN], [0, 1], [3, 5], [0, 0]))
     assert not records.any_write_shift
-    records.apply(StepRecords(8, [6, 7], [BlockKind.SSEP, BlockKind.PLAIN], [0, 1], [2, 2]))
+    records.apply(StepRecords(8, [6, 7], [BlockKind.SSEP, BlockKind.PLAIN], [0, 1], [6, 7], [2, 2]))
     assert records.any_write_shift
-    records.apply(StepRecords(8, [6], [BlockKind.PLAIN], [4], [0]))  # block 6 reallocated at its origin
+    records.apply(StepRecords(8, [6], [BlockKind.PLAIN], [4], [6], [0]))  # block 6 reallocated at its origin
     assert records.any_write_shift  # block 7 still shifted
-    records.apply(StepRecords(8, [7, 7], [BlockKind.PLAIN, BlockKind.PLAIN], [5, 5], [0, 0]))
+    records.apply(StepRecords(8, [7, 7], [BlockKind.PLAIN, BlockKind.PLAIN], [5, 5], [7], [0]))
     assert not records.any_write_shift
     assert records.write_shift.tolist() == [0] * 8

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from pic_reference import HFReference, Segment, dependent, flatten, padded, random_tokens, span, system
-from server_api import acomplete, complete, max_logprob_diff, metric, prefill
+from server_api import acomplete, complete, complete_together, max_logprob_diff, metric, prefill
 from servers import RunningServer
 
 pytestmark = pytest.mark.server
@@ -60,6 +60,26 @@ def test_never_prefilled_spans_match_reference_and_are_safe_to_reuse(pic_server,
     again = [sys_, doc_d, doc_c, dependent(random_tokens(rng, 12))]
     second = assert_matches_reference(pic_server, reference, again)
     assert second.cached_tokens == cached_part(again)
+
+
+def test_a_span_computed_and_found_in_the_same_step_is_stored_for_both(pic_server, reference) -> None:
+    """One request computes a span after its system prompt; the next, scheduled in the same step
+    (a 300-token prompt ahead of them fills the step before), finds the span's blocks in the
+    prefix cache at its own start. Both list the blocks; the cache must store the keys as the
+    computing request rotates them (before 2026-12-06 the second request's write shift could
+    win: both answers, and every later reuse, read keys off by the system prompt's length)."""
+    rng = random.Random(4)
+    doc = span(random_tokens(rng, 40))
+    writer = [system(random_tokens(rng, 30)), doc, dependent(random_tokens(rng, 9))]
+    reader = [doc, dependent(random_tokens(rng, 11))]
+    filler = random_tokens(rng, 300)
+    answers = complete_together(pic_server, [filler, flatten(writer), flatten(reader)])[1:]
+    assert answers[0].cached_tokens == len(doc.tokens)  # the reader's hit (usage counts all three)
+    later = [system(random_tokens(rng, 14)), doc, dependent(random_tokens(rng, 9))]
+    for segments, result in [*zip((writer, reader), answers), (later, complete(pic_server, flatten(later)))]:
+        expected_ids, expected_tops = reference.greedy_top_logprobs(segments)
+        assert result.token_ids == expected_ids
+        assert max_logprob_diff(result.top_logprobs, expected_tops) < LOGPROB_TOL
 
 
 def test_evicted_spans_match_reference(pic_server, reference) -> None:

@@ -19,8 +19,9 @@ back by ``write_shift`` blocks (`minipic_kernels.kv_write`).
 After each ``schedule()`` the engine ships `StepRecords` for every block that entered a
 request's block table this step (new requests, resumed ones, new slots, adopted runs,
 external loads), so the worker sets them before the step's forward
-(`minipic_server.block_records`). Only the block table's newest entries are new, so the
-cost is one record per allocated block.
+(`minipic_server.block_records`), and a write shift for each block a request computes
+(not for the blocks it found cached). Only the block table's newest entries are new, so
+the cost is one record per allocated block.
 """
 
 from __future__ import annotations
@@ -37,24 +38,36 @@ from minipic_server.config import PicConfig
 
 @dataclass
 class StepRecords:
-    """The records of the blocks that entered block tables in one step, by physical id.
+    """The records of the blocks that entered block tables in one step, by physical id, and
+    the write shifts of the blocks the step computes.
 
-    ``write_shifts[i]``: logical index minus origin for the request that writes the block
-    (its keys are rotated back by that many blocks when stored); 0 for a block at its origin.
+    ``write_shifts[i]``: logical index minus origin of block ``written_ids[i]`` in the request
+    computing it (its keys are rotated back by that many blocks when stored); 0 at its origin.
+    A block can enter two tables in one step: computed by one request and found in the
+    prefix cache by another scheduled after it, at another place. Its kind and origin are the
+    same in both (they follow from its hash); how its keys are stored is the computing
+    request's alone, so only that request gives it a write shift.
     """
 
     num_blocks: int
     block_ids: list[int] = field(default_factory=list)
     kinds: list[int] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)
+    written_ids: list[int] = field(default_factory=list)
     write_shifts: list[int] = field(default_factory=list)
 
-    def add(self, block_ids: list[int], kinds: list[BlockKind], origins: list[int], first_logical: int) -> None:
-        """Blocks at logical indices ``first_logical`` on, in order."""
+    def add(
+        self, block_ids: list[int], kinds: list[BlockKind], origins: list[int], first_logical: int, first_written: int
+    ) -> None:
+        """Blocks at logical indices ``first_logical`` on, in order; those from logical index
+        ``first_written`` on are computed by the request this step (the ones before are hits)."""
         self.block_ids += block_ids
         self.kinds += kinds
         self.origins += origins
-        self.write_shifts += map(operator.sub, range(first_logical, first_logical + len(origins)), origins)
+        hits = min(max(first_written - first_logical, 0), len(block_ids))
+        self.written_ids += block_ids[hits:]
+        logical = range(first_logical + hits, first_logical + len(block_ids))
+        self.write_shifts += map(operator.sub, logical, origins[hits:])
 
 
 @dataclass
@@ -124,19 +137,21 @@ class BlockPlanner:
     def records(self, output: Any) -> StepRecords:
         step = StepRecords(self._num_blocks)
         for new in output.scheduled_new_reqs:
-            self._add(step, new.req_id, len(new.block_ids[0]))
+            self._add(step, new.req_id, len(new.block_ids[0]), new.num_computed_tokens)
         cached = output.scheduled_cached_reqs
-        for req_id, new_ids in zip(cached.req_ids, cached.new_block_ids):
+        for req_id, new_ids, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
             if new_ids is not None and new_ids[0]:
-                self._add(step, req_id, len(new_ids[0]))
+                self._add(step, req_id, len(new_ids[0]), computed)
         return step
 
-    def _add(self, step: StepRecords, req_id: str, num_new: int) -> None:
-        """The last ``num_new`` blocks of the request's table are the ones it got this step."""
+    def _add(self, step: StepRecords, req_id: str, num_new: int, num_computed: int) -> None:
+        """The last ``num_new`` blocks of the request's table are the ones it got this step; it
+        computes from token ``num_computed`` on (the step's count before it, hits included)."""
         table = self._tables[req_id]
         records = records_of_request(self._requests[req_id], len(table), self._block_size, self._pic)
         new = slice(len(table) - num_new, len(table))
-        step.add([block.block_id for block in table[new]], records.kinds[new], records.origins[new], new.start)
+        step.add([block.block_id for block in table[new]], records.kinds[new], records.origins[new], new.start,
+                 num_computed // self._block_size)  # fmt: skip
 
 
 def install_block_planner(engine: Any, pic: PicConfig) -> None:

@@ -30,8 +30,19 @@ from minipic_server.boundary import STEP_RECORDS, Attention
 from minipic_server.config import MiniPICConfigError
 
 
+# Rows of `BlockRecords`' host copy.
+_KIND, _ORIGIN, _WRITE_SHIFT = range(3)
+
+
 class BlockRecords:
-    """The per-physical-block records of one worker's KV cache (allocated on first use)."""
+    """The per-physical-block records of one worker's KV cache (allocated on first use).
+
+    A host copy mirrors the device's records, so a step sends the device only the records it
+    changes: a prompt over cached documents lists thousands of blocks whose records are
+    already there (their kind and origin follow from their hashes), and turning those lists
+    into a device tensor cost about 1.7 ms of a 32-document request on the H100 (py-spy,
+    `benchmarks/results/cached-ttft-h100-a3ce8b9-profile-cut-short.json`).
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -39,9 +50,9 @@ class BlockRecords:
         self.kind = torch.zeros(0, dtype=torch.int8, device=device)
         self.origin = torch.zeros(0, dtype=torch.int32, device=device)
         self.write_shift = torch.zeros(0, dtype=torch.int32, device=device)
-        # A host copy of the write shifts: whether any block is stored away from where it is
-        # computed, known without a sync (an eager step writes with vLLM's own kernel when none is).
-        self._host_write_shift = np.zeros(0, dtype=np.int32)
+        self._host = np.zeros((3, 0), dtype=np.int32)  # rows _KIND, _ORIGIN, _WRITE_SHIFT
+        # Whether any block is stored away from where it is computed, known without a sync
+        # (an eager step writes with vLLM's own kernel when none is).
         self.any_write_shift = False
 
     def ensure(self, num_blocks: int) -> None:
@@ -55,29 +66,34 @@ class BlockRecords:
         self.kind = torch.zeros(num_blocks, dtype=torch.int8, device=self.device)
         self.origin = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
         self.write_shift = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
-        self._host_write_shift = np.zeros(num_blocks, dtype=np.int32)
+        self._host = np.zeros((3, num_blocks), dtype=np.int32)
 
     def apply(self, step: StepRecords) -> None:
-        """Set the records the scheduler shipped with this step (one host-to-device copy).
+        """Set the records the scheduler shipped with this step: the host copy first, then
+        the blocks whose records changed, each once, on the device (one host-to-device copy).
 
         The rows go through pinned memory on CUDA: a copy from pageable memory waits for the
         GPU to finish the step in flight, which would stall vLLM's async scheduling (the next
         step's inputs are prepared while the GPU runs this one). The pinned block is not reused
         before its copy completes (torch's host allocator records the copy's stream)."""
         self.ensure(step.num_blocks)
-        if not step.block_ids:
+        listed = np.asarray(step.block_ids, dtype=np.intp)
+        written = np.asarray(step.written_ids, dtype=np.intp)
+        touched = np.concatenate([listed, written])
+        before = self._host[:, touched]
+        self._host[_KIND, listed] = step.kinds
+        self._host[_ORIGIN, listed] = step.origins
+        self._host[_WRITE_SHIFT, written] = step.write_shifts
+        changed = np.unique(touched[(self._host[:, touched] != before).any(axis=0)])
+        if not changed.size:
             return
-        packed = torch.tensor(
-            [step.block_ids, step.kinds, step.origins, step.write_shifts], dtype=torch.int32,
-            pin_memory=self.device.type == "cuda",
-        ).to(self.device, non_blocking=True)
+        rows = torch.from_numpy(np.vstack([changed.astype(np.int32), self._host[:, changed]]))
+        packed = (rows.pin_memory() if self.device.type == "cuda" else rows).to(self.device, non_blocking=True)
         ids = packed[0].long()
-        self.kind.index_copy_(0, ids, packed[1].to(torch.int8))
-        self.origin.index_copy_(0, ids, packed[2])
-        self.write_shift.index_copy_(0, ids, packed[3])
-        # A block listed twice is a cached one two requests read: only a block being written needs its shift.
-        self._host_write_shift[step.block_ids] = step.write_shifts
-        self.any_write_shift = bool(self._host_write_shift.any())
+        self.kind.index_copy_(0, ids, packed[1 + _KIND].to(torch.int8))
+        self.origin.index_copy_(0, ids, packed[1 + _ORIGIN])
+        self.write_shift.index_copy_(0, ids, packed[1 + _WRITE_SHIFT])
+        self.any_write_shift = bool(self._host[_WRITE_SHIFT].any())
 
 
 def derive_step(metadata: Any, records: BlockRecords, *, first_layer: bool) -> None:

@@ -203,9 +203,10 @@ COMMON: tuple[Intervention, ...] = (
     *(use(f"vllm.v1.core.sched.output:SchedulerOutput.{name}", "block records: the step's new block ids")
       for name in ("scheduled_new_reqs", "scheduled_cached_reqs")),
     use("vllm.v1.core.sched.output:SchedulerOutput.total_num_scheduled_tokens", "block records: an empty step"),
-    *(use(f"vllm.v1.core.sched.output:NewRequestData.{name}", "block records") for name in ("req_id", "block_ids")),
+    *(use(f"vllm.v1.core.sched.output:NewRequestData.{name}", "block records")
+      for name in ("req_id", "block_ids", "num_computed_tokens")),
     *(use(f"vllm.v1.core.sched.output:CachedRequestData.{name}", "block records")
-      for name in ("req_ids", "new_block_ids")),
+      for name in ("req_ids", "new_block_ids", "num_computed_tokens")),
     wrap("vllm.v1.worker.gpu_worker:Worker.execute_model", "minipic_server.block_records:wrap_execute_model",
          "set the step's block records on the device before the forward", ("self", "scheduler_output")),
     use("vllm.v1.worker.gpu_worker:Worker.vllm_config", "block records and warm-up: is PIC active"),
