@@ -150,7 +150,8 @@ def main() -> None:
                 rows.append(asyncio.run(measure_k(url, server, args, docs[:k], process)))
                 print(json.dumps({key: v for key, v in rows[-1].items() if not key.startswith(("stack", "gpu"))}))
                 # Written after every row: a run cut short by the device call's limit keeps what it measured.
-                args.out.write_text(json.dumps({"provenance": record, "layout": args.layout, "rows": rows}, indent=1) + "\n")
+                result = {"provenance": record, "layout": args.layout, "rows": rows}
+                args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def complete_together(server: RunningServer, prompts: list[list[int]], max_token
     response = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
     response.raise_for_status()
     payload = response.json()
-    return [_parse({**payload, "choices": [c for c in payload["choices"] if c["index"] == i]}) for i in range(len(prompts))]
+    choices = payload["choices"]
+    return [_parse({**payload, "choices": [c for c in choices if c["index"] == i]}) for i in range(len(prompts))]
 
 
 def complete_after(server: RunningServer, first: list[int], prompt: list[int], max_tokens: int = 4) -> Completion:

@@ -29,7 +29,6 @@ from minipic_server.block_plan import StepRecords
 from minipic_server.boundary import STEP_RECORDS, Attention
 from minipic_server.config import MiniPICConfigError
 
-
 # Rows of `BlockRecords`' host copy.
 _KIND, _ORIGIN, _WRITE_SHIFT = range(3)
 
