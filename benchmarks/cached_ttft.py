@@ -109,9 +109,10 @@ async def measure_k(url: str, server: Server, args: argparse.Namespace, docs: li
                 deadline = time.perf_counter() + args.profile_seconds
                 while time.perf_counter() < deadline:
                     profiled_ttfts.append((await first_token_s(http, model, token_ids))[0])
+            stacks = ms_per_request(inclusive_samples(raw), len(profiled_ttfts), args.top) if raw.is_file() else None
             row |= {"requests_profiled": len(profiled_ttfts),
                     "profiled_ttft_median_s": statistics.median(profiled_ttfts),
-                    "stack_ms_per_request": ms_per_request(inclusive_samples(raw), len(profiled_ttfts), args.top)}
+                    "stack_ms_per_request": stacks}  # None: py-spy was stopped (`profiled`)
         if args.gpu_profile:
             await gpu_profile.start(url)
             for _ in range(args.gpu_profile_steps):

@@ -375,6 +375,7 @@ def jit_lines_after_ready(log: Path, ready_at: int) -> list[str]:
 
 
 PYSPY_RATE = 100  # py-spy's samples per second (`profiled`)
+PYSPY_GRACE_S = 30  # how long past its duration py-spy may take to write its profile
 
 
 @contextmanager
@@ -393,7 +394,15 @@ def profiled(process: subprocess.Popen, path: Path, seconds: int, enabled: bool)
         yield
     finally:
         if spy is not None:
-            spy.wait()
+            try:
+                spy.wait(timeout=seconds + PYSPY_GRACE_S)
+            except subprocess.TimeoutExpired:
+                # Seen on the H100 (2026-12-06): py-spy falling hundreds of seconds behind in a window
+                # and never ending it, which held the whole run until the device call's limit.
+                spy.kill()
+                spy.wait()
+                print(f"py-spy did not finish {seconds} s of sampling in {seconds + PYSPY_GRACE_S} s: stopped, "
+                      f"its profile ({path.name}) is lost", file=sys.stderr)  # fmt: skip
 
 
 def passages_as_docs(passages: list[dict], tokenizer, target_tokens: int, count: int) -> list[str]:

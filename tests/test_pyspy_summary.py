@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cached_ttft import inclusive_samples
@@ -42,3 +43,30 @@ def test_the_cached_request_profile_skips_torn_stacks_too(tmp_path: Path) -> Non
     raw.write_text(RAW + '\nprocess 1:"python -m serve";process 2:"VLLM::EngineCore";run (vllm/core.py:10);\xf0 (')
     engine = inclusive_samples(raw)["VLLM::EngineCore"]
     assert (engine["run"], engine["step"], engine["wait"]) == (8, 6, 2)
+
+
+def test_a_py_spy_that_never_ends_its_window_is_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`served.profiled` stops py-spy once its window is long past (on the H100 it once fell
+    hundreds of seconds behind and held a whole benchmark until the device call's limit)."""
+    import subprocess
+    import time
+
+    import served
+
+    fake = tmp_path / "bin" / "py-spy"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(served, "PYSPY_GRACE_S", 1)
+    server = subprocess.Popen(["sleep", "30"])
+    try:
+        started = time.monotonic()
+        with served.profiled(server, tmp_path / "window.pyspy.txt", 0, True):
+            pass
+        assert time.monotonic() - started < 10
+    finally:
+        server.kill()
+    assert "py-spy did not finish 0 s of sampling in 1 s: stopped, its profile (window.pyspy.txt) is lost" in (
+        capsys.readouterr().err
+    )
