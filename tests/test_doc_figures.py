@@ -1826,3 +1826,29 @@ def test_where_the_defaults_wrong_answers_come_from_matches_its_result() -> None
         f"{more[CAUSES[2]]} more",
         f"wrong less often ({directors['lead_text_repeat_refreshed_heads']} against {directors['full']})",
     ))  # fmt: skip
+
+
+def test_the_same_step_records_section_matches_its_results() -> None:
+    """The H100 section at a3ce8b9/2f80ec5: the GPU suites with the new test, the cut-short
+    profile's table and the host times it quotes."""
+    section = _benchmarks_section("Latest: a span computed and found in one step")
+    records = _gpu_suites_passed("h100", "2f80ec5", "NVIDIA H100 80GB HBM3", reference=26)
+    assert "tests/test_server_pic.py::test_a_span_computed_and_found_in_the_same_step_is_stored_for_both" in (
+        records[1]["tests"]
+    )
+    run = _result("cached-ttft-h100-a3ce8b9-profile-cut-short.json")
+    assert run["provenance"]["commit"] == "a3ce8b9" and "\n".join(tables.ttft(run)) in section
+    one, big = run["rows"]
+    assert (one["docs"], big["docs"]) == (1, 32)
+    quoted = [f"{_stack_ms(big, name, True):.2f}" for name in (
+        "run_busy_loop", "schedule_with_records", "add_requests", "async_tensor_h2d", "forward",
+        "process_input_sockets", "hash_new_full_blocks")]  # fmt: skip
+    _assert_quoted(section, (
+        "test-gpu-halves`, {:.0f} s and {:.0f} s;".format(*(record["seconds"] for record in records)),
+        f"busy loop spent {quoted[0]} ms (one document: {_stack_ms(one, 'run_busy_loop', True):.2f})",
+        f"block records {quoted[1]} ms",
+        f"token ids {quoted[2]} (`async_tensor_h2d` {quoted[3]}), the forward {quoted[4]}",
+        f"setting the block records {big['block_records_apply_ms_per_request']:.2f} (before",
+        f"input thread {quoted[5]} (block hashing {quoted[6]}), "
+        f"and the API server {_stack_ms(big, 'serve', False):.2f}",
+    ))  # fmt: skip

@@ -39,7 +39,7 @@ class BlockRecords:
     A host copy mirrors the device's records, so a step sends the device only the records it
     changes: a prompt over cached documents lists thousands of blocks whose records are
     already there (their kind and origin follow from their hashes), and turning those lists
-    into a device tensor cost about 1.7 ms of a 32-document request on the H100 (py-spy,
+    into a device tensor cost about 1.8 ms of a 32-document request on the H100 (py-spy,
     `benchmarks/results/cached-ttft-h100-a3ce8b9-profile-cut-short.json`).
     """
 
