@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
+import served
 from cached_ttft import inclusive_samples
 from pyspy_summary import summarise
 
@@ -48,11 +51,6 @@ def test_the_cached_request_profile_skips_torn_stacks_too(tmp_path: Path) -> Non
 def test_a_py_spy_that_never_ends_its_window_is_stopped(tmp_path: Path, monkeypatch, capsys) -> None:
     """`served.profiled` stops py-spy once its window is long past (on the H100 it once fell
     hundreds of seconds behind and held a whole benchmark until the device call's limit)."""
-    import subprocess
-    import time
-
-    import served
-
     fake = tmp_path / "bin" / "py-spy"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\nexec sleep 600\n")
