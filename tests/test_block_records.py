@@ -120,6 +120,7 @@ def test_only_changed_records_reach_the_device() -> None:
     step = StepRecords(8, [3, 5], [BlockKind.SSEP, BlockKind.PLAIN], [0, 1], [3, 5], [2, 2])
     records.apply(step)
     records.origin[5] = 99
+    records.apply(StepRecords(8, [], [], []))  # a decode step lists nothing
     records.apply(StepRecords(8, [3, 5], [BlockKind.SSEP, BlockKind.PLAIN], [0, 1]))
     assert records.origin[5].item() == 99
     records.apply(StepRecords(8, [5], [BlockKind.PLAIN], [2]))

@@ -76,6 +76,8 @@ class BlockRecords:
         step's inputs are prepared while the GPU runs this one). The pinned block is not reused
         before its copy completes (torch's host allocator records the copy's stream)."""
         self.ensure(step.num_blocks)
+        if not step.block_ids and not step.written_ids:  # a decode step lists nothing
+            return
         listed = np.asarray(step.block_ids, dtype=np.intp)
         written = np.asarray(step.written_ids, dtype=np.intp)
         touched = np.concatenate([listed, written])
