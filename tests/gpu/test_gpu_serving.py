@@ -63,14 +63,16 @@ def assert_same_answer(expected: Completion, actual: Completion) -> None:
             return
 
 
-def answer_all(server: RunningServer, prompts: list[list[int]], salt: str | None = None) -> list[Completion]:
+def answer_all(server: RunningServer, prompts: list[list[int]], salt: str | None = None, **extra) -> list[Completion]:
     """All prompts at once; with `salt`, each under its own salt, so none hits another's blocks."""
 
     async def run() -> list[Completion]:
         async with httpx.AsyncClient() as client:
             return await asyncio.gather(
                 *(
-                    acomplete(client, server, p, max_tokens=8, **({"cache_salt": f"{salt}-{i}"} if salt else {}))
+                    acomplete(
+                        client, server, p, max_tokens=8, **({"cache_salt": f"{salt}-{i}"} if salt else {}), **extra
+                    )
                     for i, p in enumerate(prompts)
                 )
             )
@@ -142,14 +144,14 @@ def test_plain_prompts_answer_like_stock(stock_plain, pic_bf16) -> None:
 
 
 def cold_then_warm(
-    server: RunningServer, parts: list[Segment], prompts: list[list[int]], salt: str
+    server: RunningServer, parts: list[Segment], prompts: list[list[int]], salt: str, **extra
 ) -> list[Completion]:
     """Answer `prompts` with nothing cached (each under its own salt), prefill `parts`, answer
     them again: the warm answers, each checked against its cold one."""
-    cold = answer_all(server, prompts, salt=salt)
+    cold = answer_all(server, prompts, salt=salt, **extra)
     for part in parts:
         prefill(server, list(part.tokens))
-    warm = answer_all(server, prompts)
+    warm = answer_all(server, prompts, **extra)
     assert all(result.cached_tokens == 0 for result in cold)
     for expected, actual in zip(cold, warm, strict=True):
         assert_same_answer(expected, actual)
@@ -160,6 +162,16 @@ def test_spans_moved_and_after_gaps_answer_like_a_cold_cache(pic_bf16) -> None:
     server, _ = pic_bf16
     parts, prompts, cached = pic_prompts()
     warm = cold_then_warm(server, parts, prompts, salt="gpu-cold")
+    assert [result.cached_tokens for result in warm] == cached
+
+
+def test_penalised_requests_over_cached_spans_answer_like_a_cold_cache(pic_bf16) -> None:
+    """The V2 runner does not stage a request's cached prompt tokens for the device, unless
+    something there reads them (`token_staging.cached_head`): a repetition penalty counts the
+    whole prompt, so its answers over cached spans still match the cold ones."""
+    server, _ = pic_bf16
+    parts, prompts, cached = pic_prompts(seed=34, count=8, gaps=False)
+    warm = cold_then_warm(server, parts, prompts, salt="gpu-cold-penalty", repetition_penalty=1.5)
     assert [result.cached_tokens for result in warm] == cached
 
 

@@ -105,6 +105,18 @@ ENTRIES: tuple[Intervention, ...] = (
     wrap("vllm.v1.worker.gpu.buffer_utils:async_tensor_h2d", "minipic_server.token_staging:wrap_async_tensor_h2d",
          "the V2 runner stages a new request's token ids through numpy (torch.tensor took 100 ns a token)",
          ("data", "device", "dtype")),
+    wrap("vllm.v1.worker.gpu.model_runner:GPUModelRunner.add_requests",
+         "minipic_server.token_staging:wrap_add_requests",
+         "a new request's cached prompt tokens are not staged for the device where nothing there reads them; "
+         "relies on RequestState.add_request staging NewRequestData.prefill_token_ids itself, from 0",
+         ("self", "scheduler_output")),
+    use("vllm.v1.worker.gpu.sample.penalties:use_penalty", "penalties read the whole prompt on the device",
+        ("sampling_params",)),
+    use("vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor.stage_write", "token ids staged past the cached head",
+        ("self", "index", "start", "x")),
+    use("vllm.v1.worker.gpu.states:RequestState.all_token_ids", "the device's token table"),
+    *(use(f"vllm.v1.core.sched.output:NewRequestData.{name}", "whether anything reads a new request's cached tokens")
+      for name in ("prefill_token_ids", "prompt_token_ids", "sampling_params", "mm_features")),
     use("vllm.v1.core.sched.output:CachedRequestData.num_computed_tokens",
         "gapped hits (the step's cached requests and their ids: shared entries, `table`)"),
     *(override(f"{TRITON_ATTN}:TritonAttentionBackend.{name}", "PicTritonAttentionBackend", ())
