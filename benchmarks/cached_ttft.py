@@ -88,7 +88,11 @@ async def stages(http: httpx.AsyncClient, model: str, token_ids: list[int], requ
     return {"ttft_median_s": statistics.median(ttfts), "ttft_quartiles_s": statistics.quantiles(ttfts, n=4), **mean}
 
 
-async def measure_k(url: str, server: Server, args: argparse.Namespace, docs: list[str], process) -> dict:
+async def measure_k(
+    url: str, server: Server, args: argparse.Namespace, docs: list[str], process, position: int
+) -> dict:
+    """One row: ``docs`` cached, then timed; ``position`` (the row's place in ``--docs``) names
+    its py-spy file, so a repeated k (``--docs 1 32 1``) keeps both profiles."""
     request = RagRequest(task="Which document mentions a river?", docs=docs, system=SYSTEM, max_tokens=1)
     async with connect(url, server, args, [], args.layout) as client, httpx.AsyncClient(
         base_url=url, timeout=600, transport=pooled_transport()
@@ -103,7 +107,7 @@ async def measure_k(url: str, server: Server, args: argparse.Namespace, docs: li
                "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                "warm_up_ttft_s": warm, **await stages(http, model, token_ids, args.timed_requests)}  # fmt: skip
         if not args.no_profile:
-            raw = args.out.with_name(f"{args.out.stem}-{server.name}-{len(docs)}-docs.pyspy.txt")
+            raw = args.out.with_name(f"{args.out.stem}-{server.name}-row{position}-{len(docs)}-docs.pyspy.txt")
             profiled_ttfts = []
             with profiled(process, raw, args.profile_seconds, True):
                 deadline = time.perf_counter() + args.profile_seconds
@@ -147,8 +151,8 @@ def main() -> None:
             profile_dir(server, args).mkdir(parents=True, exist_ok=True)
             flags = gpu_profile.server_flags(profile_dir(server, args), 0, args.gpu_profile_steps)
         with running(server, args, flags) as (url, process, _log):
-            for k in args.docs:
-                rows.append(asyncio.run(measure_k(url, server, args, docs[:k], process)))
+            for position, k in enumerate(args.docs, start=1):
+                rows.append(asyncio.run(measure_k(url, server, args, docs[:k], process, position)))
                 print(json.dumps({key: v for key, v in rows[-1].items() if not key.startswith(("stack", "gpu"))}))
                 # Written after every row: a run cut short by the device call's limit keeps what it measured.
                 result = {"provenance": record, "layout": args.layout, "rows": rows}

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minipic_server import boundary
 from minipic_server.config import pic_config_of
 
 _NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
@@ -50,7 +51,7 @@ def wrap_add_requests(original: Callable[..., None]) -> Callable[..., None]:
     """vLLM 0.26's ``GPUModelRunner.add_requests`` (V2), staging each new request's token ids from
     its `cached_head` on while PIC is active: the request's row of the device's token table then
     holds stale ids before that point, which nothing reads."""
-    from vllm.v1.worker.gpu.sample.penalties import use_penalty  # the V2 runner's own rule (GPU-only module)
+    use_penalty = boundary.use_penalty  # the V2 runner's own rule for penalties
 
     def add_requests(self: Any, scheduler_output: Any) -> None:
         heads = {}

@@ -79,6 +79,7 @@ VLLM_NAMES: dict[str, tuple[str, str | None]] = {
     "cli_env_setup": ("vllm.entrypoints.serve.utils.api_utils", "cli_env_setup"),
     "create_completion": ("vllm.entrypoints.openai.completion.api_router", "create_completion"),
     "CompletionRequest": ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
+    "use_penalty": ("vllm.v1.worker.gpu.sample.penalties", "use_penalty"),  # the V2 runner's (GPU) rule
 }
 
 
