@@ -1148,11 +1148,13 @@ def _assert_quoted(section: str, phrases: Iterable[str]) -> None:
         assert phrase in text, phrase
 
 
-def _gpu_suites_passed(gpu: str, commit: str, device: str | None = None, reference: int = 23) -> list[dict]:
+def _gpu_suites_passed(
+    gpu: str, commit: str, device: str | None = None, reference: int = 23, gpu_tests: int = 5
+) -> list[dict]:
     """The two `make test-gpu` halves' records at `commit`, checked complete with every test
-    passed (5 GPU tests, ``reference`` reference ones), on `device` when given."""
+    passed (``gpu_tests`` GPU tests, ``reference`` reference ones), on `device` when given."""
     records = [_result(f"gpu-test-{gpu}-{commit}-{half}-suite.json") for half in ("gpu", "reference")]
-    for record, passed in zip(records, (5, reference), strict=True):
+    for record, passed in zip(records, (gpu_tests, reference), strict=True):
         assert (record["commit"], record["complete"], record["passed"], record["failed"]) == (commit, True, passed, 0)
         assert device is None or record["device"] == device
     return records
@@ -1852,3 +1854,42 @@ def test_the_same_step_records_section_matches_its_results() -> None:
         f"input thread {quoted[5]} (block hashing {quoted[6]}), "
         f"and the API server {_stack_ms(big, 'serve', False):.2f}",
     ))  # fmt: skip
+
+
+def test_the_token_staging_section_matches_its_results() -> None:
+    """The H200 section at e633a0d: the GPU suites with the penalty test, both TTFT tables, and
+    the profile figures it quotes for the one-document rows before and after 32 documents."""
+    section = _benchmarks_section("Latest: a cached prompt's tokens no longer staged")
+    records = _gpu_suites_passed("h200", "e633a0d", "NVIDIA H200", reference=26, gpu_tests=6)
+    assert "tests/gpu/test_gpu_serving.py::test_penalised_requests_over_cached_spans_answer_like_a_cold_cache" in (
+        records[0]["tests"]
+    )
+    plain, profiled = _result("cached-ttft-h200-e633a0d.json"), _result("cached-ttft-h200-e633a0d-profile.json")
+    for run in (plain, profiled):
+        assert run["provenance"]["commit"] == "e633a0d" and "\n".join(tables.ttft(run)) in section
+    pic_one, pic_32, pic_after, stock_one, stock_32, stock_after = plain["rows"]
+    before, big, after = profiled["rows"]
+    steps = [gpu_profile.engine_steps(row["gpu_profile"]) for row in (before, after)]
+
+    def ms(row: dict) -> str:
+        return f"{row['ttft_median_s'] * 1e3:.1f}"
+
+    def step_ms(s: dict) -> str:
+        return f"{s['prefill_steps_gpu_us'] / 1e3 / s['prefill_steps']:.2f}"
+
+    _assert_quoted(section, (
+        "test-gpu-halves`, {:.0f} s and {:.0f} s;".format(*(record["seconds"] for record in records)),
+        f"before and after 32 ({ms(stock_one)} and {ms(stock_after)} ms)",
+        f"takes {ms(pic_after)} ms after against {ms(pic_one)} before",
+        f"takes {ms(pic_32)} ms against stock's {ms(stock_32)} ms",
+        "quartiles {:.1f} to {:.1f} ms".format(*(q * 1e3 for q in pic_32["ttft_quartiles_s"][::2])),
+        f"spans {step_ms(steps[0])} ms of the CUDA timeline before and {step_ms(steps[1])} ms after",
+        f"{_stack_ms(before, 'forward', True):.2f} against {_stack_ms(after, 'forward', True):.2f} ms a request",
+        f"`attend` {_stack_ms(before, 'attend', True):.2f} against {_stack_ms(after, 'attend', True):.2f}",
+        f"`rotate_into_pages` {_stack_ms(before, 'rotate_into_pages', True):.2f} against "
+        f"{_stack_ms(after, 'rotate_into_pages', True):.2f}",
+        f"(`apply_staged_writes`) takes {_stack_ms(big, 'apply_staged_writes', True):.2f} ms",
+    ))  # fmt: skip
+    per_step = [row["gpu_profile"]["total_us"] / s["steps"] for row, s in zip((before, after), steps, strict=True)]
+    assert f"time {per_step[0] / 1e3:.2f} ms a step in" in section
+    assert abs(per_step[0] - per_step[1]) < 0.02 * per_step[0]  # the same GPU work before and after
