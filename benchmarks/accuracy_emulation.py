@@ -8,8 +8,9 @@ transformers (fp32, eager attention) under MiniPIC's rule (`minipic_protocol.vis
 forward pass computes what the server computes with every span cached or not) plus the
 variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 
-- ``LAYOUT``: ``full`` (the plain prompt), ``block``, ``refreshed`` (`RefreshedHeads`, the
-  default), ``pdep`` (every passage after a PDep: full attention plus markers and padding);
+- ``LAYOUT``: ``full`` (the plain prompt), ``block``, ``refreshed`` (`RefreshedHeads`),
+  ``default`` (the SDK's default: the first passage as text, then every passage as refreshed
+  heads), ``pdep`` (every passage after a PDep: full attention plus markers and padding);
 - ``+hide-pdep``: a PDep marker's key is seen by no other token;
 - ``+hide-spans``: an SSep/HSep marker's key is seen only by its own span;
 - ``+hide-pads``: a pad's key is seen by no other token;
@@ -54,12 +55,12 @@ from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from minipic_client import BlockAttention, Epic, RagRequest, RefreshedHeads, SpanClient, Strategy, Tokenizer
-from minipic_client.prompt import Technique
+from minipic_client.prompt import TECHNIQUES, Technique
 from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
 from minipic_protocol.info import ServerInfo
 from minipic_server.launch import local_server
 
-from accuracy_families import Corpus, Question, build_family, extract_facts, is_correct
+from accuracy_families import ORDERS, Corpus, Question, build_family, extract_facts, is_correct
 from accuracy_layouts import SYSTEM
 from accuracy_stats import versus, wilson
 from provenance import provenance
@@ -69,18 +70,20 @@ SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-mod
 CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=",
            "span-temp=", "compact", "span-sees-prefix", "blend=", "blend-random=")
 TEMPERED = "minipic_tempered"
+LAYOUTS = ("full", "block", "refreshed", "default", "pdep")
+DEFAULT_TECHNIQUE = TECHNIQUES["lead-text-repeat-refreshed-heads"]  # `SpanClient.default_technique`
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
-    return {"full": None, "block": BlockAttention(), "refreshed": RefreshedHeads(),
+    return {"full": None, "block": BlockAttention(), "refreshed": RefreshedHeads(), "default": DEFAULT_TECHNIQUE,
             "pdep": Epic(k=longest_passage // block_size + 1)}  # fmt: skip
 
 
 def parse_variant(variant: str) -> tuple[str, list[str]]:
     layout, *changes = variant.split("+")
     unknown = [c for c in changes if not c.startswith(CHANGES)]
-    if layout not in ("full", "block", "refreshed", "pdep") or unknown:
-        raise SystemExit(f"variant {variant!r}: LAYOUT is full|block|refreshed|pdep, changes {', '.join(CHANGES)}")
+    if layout not in LAYOUTS or unknown:
+        raise SystemExit(f"variant {variant!r}: LAYOUT is {'|'.join(LAYOUTS)}, changes {', '.join(CHANGES)}")
     if any(c.startswith("blend") for c in changes) and any(c.startswith(("span-temp=", "compact")) for c in changes):
         raise SystemExit(f"variant {variant!r}: a blend takes neither span-temp nor compact")
     return layout, changes
@@ -265,6 +268,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["full", "refreshed"])
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--order", choices=ORDERS, default="shuffled",
+                        help="each prompt's passages shuffled, or ranked for the question as a retriever would")
     args = parser.parse_args()
     variants = {v: parse_variant(v) for v in ["full", *(v for v in args.variants if v != "full")]}
     if args.model is None:
@@ -278,7 +283,7 @@ def main() -> None:
     lengths = [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts]
     corpus.usable = {i for i, n in enumerate(lengths) if n <= 300}  # as accuracy.py's default
     questions: list[Question] = build_family(args.family, extract_facts(passages), corpus, args.questions, 6, 150,
-                                             random.Random(f"{args.seed}:{args.family}"))  # fmt: skip
+                                             random.Random(f"{args.seed}:{args.family}"), args.order)  # fmt: skip
     lengths += [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts[len(lengths):]]
     longest = max(lengths[i] for q in questions for i in q.passages)
     prompts = [RagRequest(q.question, tuple(corpus.texts[i] for i in q.passages), SYSTEM) for q in questions]
@@ -318,7 +323,8 @@ def main() -> None:
         if recomputed:
             report[variant]["recomputed_share"] = round(sum(recomputed) / len(recomputed), 4)
         print(f"{variant:36} {correct}/{len(questions)}  {report[variant]['vs_full']['difference']:+.3f}", flush=True)
-    result = {"provenance": provenance(), "model": args.model.name, "family": args.family, "dtype": "float32",
+    result = {"provenance": provenance(), "model": args.model.name, "family": args.family, "order": args.order,
+              "dtype": "float32",
               "markers": {"ssep": info.ssep_token_id, "pdep": info.pdep_token_id, "pad": info.pad_token_id,
                           "hsep": info.hsep_token_id},
               "variants": report, "verdicts": verdicts}  # fmt: skip
