@@ -1893,3 +1893,19 @@ def test_the_token_staging_section_matches_its_results() -> None:
     per_step = [row["gpu_profile"]["total_us"] / s["steps"] for row, s in zip((before, after), steps, strict=True)]
     assert f"time {per_step[0] / 1e3:.2f} ms a step in" in section
     assert abs(per_step[0] - per_step[1]) < 0.02 * per_step[0]  # the same GPU work before and after
+
+
+def test_the_default_compact_emulation_matches_its_results() -> None:
+    """docs/accuracy.md's emulation of the default with `+compact` over 300 ranked single facts:
+    its rows (labelled "ranked") and the pairing of the two default variants."""
+    run = _result("accuracy-emulation-smollm2-cpu-ranked-default-compact.json")
+    assert (run["order"], run["family"], run["variants"]["full"]["questions"]) == ("ranked", "single", 300)
+    lines = (ROOT / "docs/accuracy.md").read_text().splitlines()
+    for variant, r in run["variants"].items():
+        row = next((line for line in lines if line.startswith(f"| `{variant}`, ranked |")), None)
+        assert row is not None and all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+    verdicts = run["verdicts"]
+    right, wrong = _discordant(list(zip(verdicts["default+compact"], verdicts["default"], strict=True)))
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"{right} answers right only with `+compact` and {wrong} only without "
+            f"(exact McNemar p={mcnemar_exact(right, wrong):.2f})") in doc
