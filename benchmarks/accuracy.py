@@ -39,6 +39,7 @@ from minipic_server.launch import local_server
 
 from accuracy_families import (
     FAMILIES,
+    ORDER_HELP,
     ORDERS,
     Corpus,
     Question,
@@ -140,8 +141,7 @@ def main() -> None:
     parser.add_argument("--max-passage-tokens", type=int, default=300, help="leave longer passages out")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--order", choices=ORDERS, default="shuffled",
-                        help="each prompt's passages shuffled, or ranked for the question as a retriever would")
+    parser.add_argument("--order", choices=ORDERS, default="shuffled", help=ORDER_HELP)
     parser.add_argument("--log", type=Path, default=Path("accuracy-server.log"))
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
                         help="layouts to answer with (full is always one: the others are compared with it)")

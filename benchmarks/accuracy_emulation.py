@@ -60,7 +60,7 @@ from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
 from minipic_protocol.info import ServerInfo
 from minipic_server.launch import local_server
 
-from accuracy_families import ORDERS, Corpus, Question, build_family, extract_facts, is_correct
+from accuracy_families import ORDER_HELP, ORDERS, Corpus, Question, build_family, extract_facts, is_correct
 from accuracy_layouts import SYSTEM
 from accuracy_stats import versus, wilson
 from provenance import provenance
@@ -268,8 +268,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["full", "refreshed"])
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--order", choices=ORDERS, default="shuffled",
-                        help="each prompt's passages shuffled, or ranked for the question as a retriever would")
+    parser.add_argument("--order", choices=ORDERS, default="shuffled", help=ORDER_HELP)
     args = parser.parse_args()
     variants = {v: parse_variant(v) for v in ["full", *(v for v in args.variants if v != "full")]}
     if args.model is None:

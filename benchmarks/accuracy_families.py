@@ -200,6 +200,7 @@ FAMILIES: dict[str, Family] = {
 
 
 ORDERS = ("shuffled", "ranked")
+ORDER_HELP = "each prompt's passages shuffled, or ranked for the question as a retriever would"
 
 
 def build_family(

@@ -1,8 +1,8 @@
 """Which of a new request's token ids the V2 runner stages for the device (`token_staging`).
 
-The V2 runner (vLLM 0.26 on CUDA) cannot be built on the CPU VM: vLLM's own method runs here
-on a stand-in runner whose request state records what is staged. The GPU suite runs the real
-one, against transformers (`make test-gpu`).
+The V2 runner (vLLM 0.26 on CUDA) cannot be built on the CPU VM: a stand-in runner here stages
+token ids as vLLM's ``add_requests`` does and records what is staged. The GPU suite runs the
+real one, against a cold cache (`make test-gpu`).
 """
 
 from __future__ import annotations
