@@ -14,7 +14,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
 from minipic_protocol import MarkerIds
-from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of
+from minipic_server.config import MiniPICConfigError, PicConfig, pic_config_of, pic_enabled
 from minipic_server.guards import check_engine_config, check_kv_cache_groups, check_rope_class
 from minipic_server.info_endpoint import server_info
 from minipic_server.serve import CPU_BLOCK_SIZE, plugin_allowlist, serve_args, serve_defaults, vllm_serve_parser
@@ -68,6 +68,7 @@ def test_activation_is_part_of_vllms_config_hash(tiny_model_dir: Path) -> None:
     without = engine_config(tiny_model_dir, markers=None)
     assert pic_config_of(with_pic) == PicConfig(**MARKERS)
     assert pic_config_of(without) is None
+    assert pic_enabled(with_pic) and not pic_enabled(without)
     assert with_pic.compute_hash() != without.compute_hash()
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minipic_server.boundary import current_platform, get_current_vllm_config
-from minipic_server.config import MiniPICConfigError, pic_config_of
+from minipic_server.config import MiniPICConfigError, pic_enabled
 from minipic_server.guards import check_attention_backend
 
 CPU_BACKEND = "minipic_server.backends.cpu.PicCpuAttentionBackend"
@@ -29,7 +29,7 @@ def register_cuda_backend() -> None:
 
 def wrap_get_attn_backend_cls(original: Callable[..., str]) -> Callable[..., str]:
     def get_attn_backend_cls(selected_backend: Any, *args: Any, **kwargs: Any) -> str:
-        if pic_config_of(get_current_vllm_config()) is None:
+        if not pic_enabled(get_current_vllm_config()):
             return original(selected_backend, *args, **kwargs)
         check_attention_backend(selected_backend)
         return backend_for_platform()

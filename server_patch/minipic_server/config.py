@@ -103,9 +103,13 @@ class PicConfig:
         return cls(**{name: section[name] for name in known if name in section})
 
 
+def pic_enabled(vllm_config: Any) -> bool:
+    """Whether MiniPIC is on, without parsing its section: the runner's per-step hooks ask."""
+    return CONFIG_KEY in (getattr(vllm_config, "additional_config", None) or {})
+
+
 def pic_config_of(vllm_config: Any) -> PicConfig | None:
     """The active MiniPIC configuration, or None when PIC is off (stock vLLM)."""
-    additional = getattr(vllm_config, "additional_config", None) or {}
-    if CONFIG_KEY not in additional:
+    if not pic_enabled(vllm_config):
         return None
-    return PicConfig.from_section(additional[CONFIG_KEY])
+    return PicConfig.from_section(vllm_config.additional_config[CONFIG_KEY])

@@ -35,7 +35,7 @@ from minipic_server.boundary import (
     RequestStatus,
     patch_instance,
 )
-from minipic_server.config import pic_config_of
+from minipic_server.config import pic_enabled
 
 
 class GapScheduling:
@@ -161,7 +161,7 @@ def wrap_update_requests(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def update_requests(self: Any, scheduler_output: Any) -> None:
         original(self, scheduler_output)
-        if pic_config_of(self.vllm_config) is None:
+        if not pic_enabled(self.vllm_config):
             return
         reqs, states = scheduler_output.scheduled_cached_reqs, self.req_states
         staged = False

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from minipic_server import boundary
-from minipic_server.config import pic_config_of
+from minipic_server.config import pic_enabled
 
 _NUMPY_DTYPES = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
 
@@ -54,8 +54,8 @@ def wrap_add_requests(original: Callable[..., None]) -> Callable[..., None]:
     use_penalty = boundary.use_penalty  # the V2 runner's own rule for penalties
 
     def add_requests(self: Any, scheduler_output: Any) -> None:
-        heads = {}
-        if pic_config_of(self.vllm_config) is not None:
+        heads: dict[int, int] = {}
+        if pic_enabled(self.vllm_config):
             for new_request in scheduler_output.scheduled_new_reqs:
                 if head := cached_head(new_request, use_penalty):
                     heads[id(new_request.prefill_token_ids)] = head

@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from minipic_server.config import pic_config_of
+from minipic_server.config import pic_enabled
 
 
 def wrap_compile_or_warm_up_model(original: Callable[..., Any]) -> Callable[..., Any]:
     """The CUDA worker's warm-up hook (`minipic_server.boundary`; the CPU path has no Triton)."""
 
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if pic_config_of(self.vllm_config) is not None:
+        if pic_enabled(self.vllm_config):
             warm_up_attention(self.vllm_config)
         return original(self, *args, **kwargs)
 
