@@ -1895,6 +1895,29 @@ def test_the_token_staging_section_matches_its_results() -> None:
     assert abs(per_step[0] - per_step[1]) < 0.02 * per_step[0]  # the same GPU work before and after
 
 
+def test_the_held_scratch_pages_section_matches_its_results() -> None:
+    """The H100 section at 5e77de9: the GPU suites, both TTFT tables (the held-pages run marked
+    dirty) and the figures it quotes from them."""
+    section = _benchmarks_section("Latest: the GPU suite after the boundary fix")
+    records = _gpu_suites_passed("h100", "5e77de9", "NVIDIA H100 80GB HBM3", reference=26, gpu_tests=6)
+    main, held = _result("cached-ttft-h100-5e77de9.json"), _result("cached-ttft-h100-5e77de9-held-scratch-pages.json")
+    for run, dirty in ((main, False), (held, True)):
+        assert (run["provenance"]["commit"], run["provenance"]["dirty"]) == ("5e77de9", dirty)
+        assert "\n".join(tables.ttft(run)) in section
+    (one, many, after), (_, held_many, held_after) = main["rows"], held["rows"]
+
+    def ms(row: dict) -> str:
+        return f"{row['ttft_median_s'] * 1e3:.1f}"
+
+    _assert_quoted(section, (
+        "test-gpu-halves`, {:.0f} s and {:.0f} s;".format(*(record["seconds"] for record in records)),
+        f"takes {ms(after)} ms against {ms(one)} ms before",
+        "quartiles {:.1f} to {:.1f} ms".format(*(q * 1e3 for q in after["ttft_quartiles_s"][::2])),
+        f"({ms(held_after)} ms after, {ms(held_many)} ms at 32)",
+    ))  # fmt: skip
+    assert abs(many["ttft_median_s"] - held_many["ttft_median_s"]) < 0.05 * many["ttft_median_s"]
+
+
 def test_the_default_compact_emulation_matches_its_results() -> None:
     """docs/accuracy.md's emulation of the default with `+compact` over 300 ranked single facts:
     its rows (labelled "ranked") and the pairing of the two default variants."""
