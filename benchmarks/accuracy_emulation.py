@@ -57,6 +57,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from minipic_client import BlockAttention, Epic, RagRequest, RefreshedHeads, SpanClient, Strategy, Tokenizer
 from minipic_client.prompt import TECHNIQUES, Technique
 from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
+from minipic_protocol.compact import compact_positions_of_prompt
 from minipic_protocol.info import ServerInfo
 from minipic_server.launch import local_server
 
@@ -181,22 +182,11 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
 
 
 def positions_of(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> torch.Tensor:
-    """Each token's position: its index, or with ``compact`` the count of kept tokens before it
-    (kept: no pad, no PDep marker, no hidden block), a span's tokens keeping their spacing from
-    its first kept token."""
-    pos = torch.arange(len(ids))
+    """Each token's position: its index, or with ``compact`` its position in the compact reading
+    (`minipic_protocol.compact`)."""
     if "compact" not in changes:
-        return pos
-    block, markers = info.block_size, (info.ssep_token_id, info.pdep_token_id, info.hsep_token_id)
-    tokens, starts = torch.tensor(ids), _window_starts(ids, info)
-    hidden = torch.tensor(hidden_of_prompt(ids, block, *markers))
-    kept = ~(hidden | (tokens == info.pad_token_id) | ((tokens == info.pdep_token_id) & (pos % block == 0)))
-    compact = torch.cumsum(kept, 0) - kept.long()
-    for start in starts[starts >= 0].unique().tolist():
-        members = starts == start
-        anchor = int(pos[members & kept].min()) if bool((members & kept).any()) else start
-        compact[members] = compact[anchor] + pos[members] - anchor
-    return compact
+        return torch.arange(len(ids))
+    return torch.tensor(compact_positions_of_prompt(ids, info.block_size, info.markers))
 
 
 def blend_of(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> tuple[Blend, torch.Tensor] | None:

@@ -1,8 +1,8 @@
 """MiniPIC's protocol, shared by the client, the server, the kernels and the tests.
 
 Pure Python (no torch, no vLLM), so the client install carries it: the marker roles
-(`markers`), the block rule in scalar form (`blocks`) and the ``/minipic/info`` schema
-with its version (`info`). Each is defined here once.
+(`markers`), the block rule in scalar form (`blocks`), the compact reading of a prompt
+(`compact`) and the ``/minipic/info`` schema with its version (`info`). Each is defined here once.
 """
 
 from minipic_protocol.blocks import (
@@ -18,6 +18,7 @@ from minipic_protocol.blocks import (
     visible,
     window_starts_of_prompt,
 )
+from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
 from minipic_protocol.info import PROTOCOL_VERSION, InfoError, ServerInfo
 from minipic_protocol.markers import MARKER_ROLES, MarkerIds
 
@@ -30,12 +31,14 @@ __all__ = [
     "MarkerIds",
     "ServerInfo",
     "block_kind_of",
+    "compact_positions_of_prompt",
     "hidden_of_prompt",
     "in_span",
     "kinds_of_prompt",
     "marker_kinds",
     "opens_span",
     "span_openers",
+    "unread_of_prompt",
     "visible",
     "window_starts_of_prompt",
 ]
