@@ -280,6 +280,7 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, help="epoch seconds: questions not answered by every variant "
                         "by then are left out (the JSON says how many were asked)")  # fmt: skip
     args = parser.parse_args()
+    source = provenance()  # the tree the run starts from, not the one it ends in
     variants = {v: parse_variant(v) for v in ["full", *(v for v in args.variants if v != "full")]}
     if args.model is None:
         from minipic_server.model_fetch import fetch_model
@@ -334,7 +335,7 @@ def main() -> None:
         if recomputed[variant]:
             report[variant]["recomputed_share"] = round(sum(recomputed[variant]) / len(recomputed[variant]), 4)
         print(f"{variant:36} {correct}/{asked}  {report[variant]['vs_full']['difference']:+.3f}", flush=True)
-    result = {"provenance": provenance(), "model": args.model.name, "family": args.family, "order": args.order,
+    result = {"provenance": source, "model": args.model.name, "family": args.family, "order": args.order,
               "dtype": "float32", "device": args.device, "questions_asked": len(questions),
               "markers": {"ssep": info.ssep_token_id, "pdep": info.pdep_token_id, "pad": info.pad_token_id,
                           "hsep": info.hsep_token_id},

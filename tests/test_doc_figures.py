@@ -1932,3 +1932,34 @@ def test_the_default_compact_emulation_matches_its_results() -> None:
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"{right} answers right only with `+compact` and {wrong} only without "
             f"(exact McNemar p={mcnemar_exact(right, wrong):.2f})") in doc
+
+
+COMPACT_RUNS = (
+    ("CPU, seed 0", "accuracy-emulation-smollm2-cpu-ranked-default-compact.json"),
+    ("H100, seed 0", "accuracy-emulation-smollm2-h100-ranked-default-compact-seed0.json"),
+    ("H100, seed 2", "accuracy-emulation-smollm2-h100-ranked-default-compact-seed2.json"),
+    ("CPU, seed 1", "accuracy-emulation-smollm2-cpu-ranked-default-compact-seed1.json"),
+)
+
+
+def _compact_row(label: str, verdicts: dict[str, list[bool]]) -> str:
+    """A row of docs/accuracy.md's table of the default with and without `+compact`: prompts, each
+    variant's right answers, then right only with `+compact` / only without and the exact p."""
+    full, default, compact = (verdicts[v] for v in ("full", "default", "default+compact"))
+    gained, lost = _discordant(list(zip(compact, default, strict=True)))
+    right = [f"{sum(v)} ({pct(sum(v) / len(full))}%)" for v in (full, default, compact)]
+    return "| " + " | ".join([label, f"{len(full):,}", *right, f"{gained} / {lost}, p={mcnemar_exact(gained, lost):.3f}"]) + " |"
+
+
+def test_the_default_compact_table_matches_its_runs() -> None:
+    """Every run of the default with and without `+compact` (ranked single facts, one row each,
+    then all of them pooled) as docs/accuracy.md tabulates it."""
+    runs = [(label, _result(name)) for label, name in COMPACT_RUNS]
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    pooled: dict[str, list[bool]] = {"full": [], "default": [], "default+compact": []}
+    for label, run in runs:
+        assert (run["order"], run["family"]) == ("ranked", "single")
+        assert _compact_row(label, run["verdicts"]) in doc, label
+        for variant, verdicts in pooled.items():
+            verdicts += run["verdicts"][variant]
+    assert _compact_row("all", pooled) in doc
