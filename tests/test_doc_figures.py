@@ -13,7 +13,7 @@ import pytest
 import tables
 from results_io import read_result
 
-from accuracy_stats import mcnemar_exact
+from accuracy_stats import mcnemar_exact, versus
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_NAMES = {"single fact": "single", "two passages (bridge)": "bridge", "synthetic": "synthetic"}
@@ -1948,7 +1948,9 @@ def _compact_row(label: str, verdicts: dict[str, list[bool]]) -> str:
     full, default, compact = (verdicts[v] for v in ("full", "default", "default+compact"))
     gained, lost = _discordant(list(zip(compact, default, strict=True)))
     right = [f"{sum(v)} ({pct(sum(v) / len(full))}%)" for v in (full, default, compact)]
-    return "| " + " | ".join([label, f"{len(full):,}", *right, f"{gained} / {lost}, p={mcnemar_exact(gained, lost):.3f}"]) + " |"
+    p = mcnemar_exact(gained, lost)
+    pairing = f"{gained} / {lost}, " + (f"p={p:.3f}" if p >= 0.001 else "p<0.001")
+    return "| " + " | ".join([label, f"{len(full):,}", *right, pairing]) + " |"
 
 
 def test_the_default_compact_table_matches_its_runs() -> None:
@@ -1963,3 +1965,15 @@ def test_the_default_compact_table_matches_its_runs() -> None:
         for variant, verdicts in pooled.items():
             verdicts += run["verdicts"][variant]
     assert _compact_row("all", pooled) in doc
+    text = " ".join(doc.split())
+    below, above = (versus(pooled[v], pooled["full"]) for v in ("default", "default+compact"))
+    low, high = (f"{x * 100:+.1f}" for x in above["difference_ci95"])
+    gained, lost = _discordant(list(zip(pooled["default+compact"], pooled["default"], strict=True)))
+    _assert_quoted(text, (
+        f"above full attention over {len(pooled['full']):,} prompts",
+        f"the default answers {-below['difference'] * 100:.1f} points below full attention "
+        f"(p={below['mcnemar_p']:.2f})",
+        f"with `+compact` {above['difference'] * 100:.1f} points above it ([{low}, {high}], "
+        f"p={above['mcnemar_p']:.3f})",
+        f"`+compact` turns {gained} of the default's answers right against {lost} wrong",
+    ))  # fmt: skip
