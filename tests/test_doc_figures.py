@@ -1977,3 +1977,17 @@ def test_the_default_compact_table_matches_its_runs() -> None:
         f"p={above['mcnemar_p']:.3f})",
         f"`+compact` turns {gained} of the default's answers right against {lost} wrong",
     ))  # fmt: skip
+
+
+def test_the_refreshed_compact_emulation_matches_its_results() -> None:
+    """docs/accuracy.md's ranked run of refreshed heads with and without `+compact`."""
+    run = _result("accuracy-emulation-smollm2-cpu-ranked-refreshed-compact.json")
+    verdicts = run["verdicts"]
+    right, wrong = _discordant(list(zip(verdicts["refreshed+compact"], verdicts["refreshed"], strict=True)))
+    text = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (run["order"], run["questions_asked"]) == ("ranked", 300)
+    _assert_quoted(text, (
+        f"{len(verdicts['full'])} of {run['questions_asked']} questions",
+        f"full attention {sum(verdicts['full'])} right, refreshed heads {sum(verdicts['refreshed'])}, with "
+        f"`+compact` {sum(verdicts['refreshed+compact'])} ({right} right only with it, {wrong} only without)",
+    ))  # fmt: skip
