@@ -255,14 +255,15 @@ def answer_variant(model, text_of, stop: set[int], question: Question, ids: list
     pad = next((int(c.removeprefix("pad=")) for c in changes if c.startswith("pad=")), info.pad_token_id)
     ids = [pad if t == info.pad_token_id else t for t in ids]
     bias = attention_bias(ids, info, changes, visibility(ids, info, changes))
-    blending = blend_of(ids, info, changes)
+    blending, share = blend_of(ids, info, changes), None
     if blending is None:
         generated = answer(model, model_input(ids, info, changes), bias, stop, max_tokens,
                            logit_factor(ids, info, changes), positions_of(ids, info, changes))  # fmt: skip
-        return is_correct(text_of.decode(generated, skip_special_tokens=True), question), None
-    blend, fresh_bias = blending
-    generated = blended_answer(model, model_input(ids, info, changes), bias, fresh_bias, blend, stop, max_tokens)
-    return is_correct(text_of.decode(generated, skip_special_tokens=True), question), blend.recomputed_share
+    else:
+        blend, fresh_bias = blending
+        generated = blended_answer(model, model_input(ids, info, changes), bias, fresh_bias, blend, stop, max_tokens)
+        share = blend.recomputed_share
+    return is_correct(text_of.decode(generated, skip_special_tokens=True), question), share
 
 
 def main() -> None:
