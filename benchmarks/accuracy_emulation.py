@@ -57,7 +57,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from minipic_client import BlockAttention, Epic, RagRequest, RefreshedHeads, SpanClient, Strategy, Tokenizer
 from minipic_client.prompt import TECHNIQUES, Technique
 from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
-from minipic_protocol.compact import compact_positions_of_prompt
+from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
 from minipic_protocol.info import ServerInfo
 from minipic_server.launch import local_server
 
@@ -167,12 +167,14 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
     seen = (pos[None, :] <= pos[:, None]) & (pos[None, :] >= starts[:, None]) & (~hidden[None, :] | own_head)
     itself = pos[:, None] == pos[None, :]
     opens_block = pos % block == 0
-    if "hide-pdep" in changes or "compact" in changes:
+    if "compact" in changes:  # the protocol's unread tokens: PDep markers opening a block, and pads
+        seen &= ~torch.tensor(unread_of_prompt(ids, block, info.markers))[None, :] | itself
+    if "hide-pdep" in changes:
         seen &= ~((tokens == info.pdep_token_id) & opens_block)[None, :] | itself
     if "hide-spans" in changes:
         span_marker = ((tokens == info.ssep_token_id) | (tokens == info.hsep_token_id)) & opens_block
         seen &= ~span_marker[None, :] | (starts[:, None] == pos[None, :])
-    if "hide-pads" in changes or "compact" in changes:
+    if "hide-pads" in changes:
         seen &= ~(tokens == info.pad_token_id)[None, :] | itself
     if "span-sees-prefix" in changes:
         opening = opens_block & torch.isin(tokens, torch.tensor(markers))
