@@ -95,7 +95,7 @@ test-gpu-halves)
     # and record, $OUT/gpu-test-h200-{gpu-suite,reference-suite}.json. Their tiny-model servers fit
     # the GPU side by side: each takes --kv-cache-memory-bytes of KV cache, not a share of memory.
     declare -A deselect=([reference-suite]="--deselect tests/gpu")
-    for suite in pic gapped_hits hidden architectures; do
+    for suite in pic gapped_hits hidden architectures compact; do
         deselect[gpu-suite]+="--deselect tests/test_server_$suite.py "
     done
     pids=()

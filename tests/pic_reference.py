@@ -20,6 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from minipic_kernels.block_kinds import visible
 from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
+from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
+from minipic_protocol.markers import MarkerIds
 
 BLOCK_SIZE = 16
 
@@ -79,6 +81,14 @@ TINY = Vocabulary(bos=0, ssep=5, pdep=6, pad=7, text_ids=range(8, 2048), hsep=20
 padded, random_tokens, system, span, dependent = TINY.padded, TINY.random_tokens, TINY.system, TINY.span, TINY.dependent
 
 
+def segments_of(token_ids: list[int]) -> list[Segment]:
+    """A client layout cut where a block starts with a marker (SSep/HSep spans, PDep tails)."""
+    cuts = [i for i in range(0, len(token_ids), BLOCK_SIZE) if token_ids[i] in (TINY.ssep, TINY.hsep, TINY.pdep)]
+    bounds = [0, *cuts, len(token_ids)] if cuts[:1] != [0] else [*cuts, len(token_ids)]
+    pieces = [tuple(token_ids[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [Segment(p, span=p[0] in (TINY.ssep, TINY.hsep), hidden_head=p[0] == TINY.hsep) for p in pieces]
+
+
 def flatten(segments: list[Segment]) -> list[int]:
     return [t for s in segments for t in s.tokens]
 
@@ -122,16 +132,34 @@ def check_against_rule(segments: list[Segment], vocabulary: Vocabulary) -> None:
 
 class HFReference:
     """`embedded_as`: token ids the model reads through another token's embedding (the
-    server's ``--embed-markers-as``); the mask and the output head still see the ids."""
+    server's ``--embed-markers-as``); the mask and the output head still see the ids.
+    `compact`: the compact reading (``--compact``): unread tokens seen by no other token and the
+    positions `minipic_protocol.compact` gives (per token, the protocol's scalar rule)."""
 
     def __init__(
-        self, model_dir: Path, vocabulary: Vocabulary = TINY, embedded_as: dict[int, int] | None = None
+        self,
+        model_dir: Path,
+        vocabulary: Vocabulary = TINY,
+        embedded_as: dict[int, int] | None = None,
+        *,
+        compact: bool = False,
     ) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="eager"
         ).eval()
         self.vocabulary = vocabulary
         self.embedded_as = embedded_as or {}
+        self.compact = compact
+
+    def _mask_and_positions(self, ids: list[int], tokens: list[_Token]) -> tuple[torch.Tensor, torch.Tensor]:
+        seen = allowed(tokens)
+        if not self.compact:
+            return seen, torch.arange(len(ids))
+        v = self.vocabulary
+        markers = MarkerIds(v.ssep, v.pdep, v.pad, v.hsep)
+        unread = torch.tensor(unread_of_prompt(ids, BLOCK_SIZE, markers))
+        seen &= ~unread[None, :] | torch.eye(len(ids), dtype=torch.bool)
+        return seen, torch.tensor(compact_positions_of_prompt(ids, BLOCK_SIZE, markers))
 
     @torch.no_grad()
     def greedy_top_logprobs(
@@ -143,11 +171,12 @@ class HFReference:
         generated, tops = [], []
         for _ in range(num_tokens):
             length = len(ids)
-            mask = torch.zeros(1, 1, length, length).masked_fill(~allowed(tokens), float("-inf"))
+            seen, positions = self._mask_and_positions(ids, tokens)
+            mask = torch.zeros(1, 1, length, length).masked_fill(~seen, float("-inf"))
             logits = self.model(
                 input_ids=torch.tensor([[self.embedded_as.get(t, t) for t in ids]]),
                 attention_mask=mask,
-                position_ids=torch.arange(length)[None],
+                position_ids=positions[None],
             ).logits[0, -1]
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             best = torch.topk(logprobs, top)  # vLLM reports logprobs before any banning

@@ -40,13 +40,34 @@ def test_origins_are_offsets_in_the_span_or_the_block_itself(seed: int) -> None:
     assert records.origins == expected
 
 
-def planner(tables: dict[str, list[int]], requests: dict[str, SimpleNamespace]) -> BlockPlanner:
+def test_the_compact_reading_records_unread_heads_and_tails_through_to_the_device() -> None:
+    """[sys 5 9 pad pad][PDep 9 9 9][SSep 9 pad pad][9 9] + generated: heads and tails from the
+    tokens (the protocol's per-block form), shipped with the step and set on the device."""
+    compact = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4, compact=True)
+    prompt = [5, 9, 3, 3, 2, 9, 9, 9, 1, 9, 3, 3, 9, 9]
+    req = request(prompt, generated=5)
+    records_of_request(req, 2, BS, compact)  # extended as the table grows
+    state = records_of_request(req, 5, BS, compact)
+    assert (state.unread_heads, state.unread_tails) == ([0, 1, 0, 0, 0], [2, 0, 2, 0, 0])
+    assert records_of_request(request(prompt), 4, BS, PIC).unread_heads == []  # outside the compact reading
+    plan = planner({"r": [6, 2, 7, 1, 3]}, {"r": req}, compact)
+    output = SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="r", block_ids=([6, 2, 7, 1, 3],), num_computed_tokens=0)],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[], num_computed_tokens=[]),
+    )
+    records = BlockRecords(torch.device("cpu"), compact=True)
+    records.apply(plan.records(output))
+    assert records.unread_head[[6, 2, 7, 1, 3]].tolist() == [0, 1, 0, 0, 0]
+    assert records.unread_tail[[6, 2, 7, 1, 3]].tolist() == [2, 0, 2, 0, 0]
+
+
+def planner(tables: dict[str, list[int]], requests: dict[str, SimpleNamespace], pic: PicConfig = PIC) -> BlockPlanner:
     blocks = {rid: [SimpleNamespace(block_id=b) for b in ids] for rid, ids in tables.items()}
     manager = SimpleNamespace(
         coordinator=SimpleNamespace(single_type_managers=[SimpleNamespace(req_to_blocks=blocks)]),
         block_pool=SimpleNamespace(num_gpu_blocks=64),
     )
-    return BlockPlanner(SimpleNamespace(kv_cache_manager=manager, requests=requests, block_size=BS), PIC)
+    return BlockPlanner(SimpleNamespace(kv_cache_manager=manager, requests=requests, block_size=BS), pic)
 
 
 def test_a_step_ships_the_records_of_the_blocks_that_entered_tables() -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import random
 
-from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
+import torch
+
+from minipic_kernels.block_kinds import window_starts_per_block
+from minipic_kernels.compact_shifts import compact_shifts_per_block
+from minipic_protocol.blocks import block_kind_of
+from minipic_protocol.compact import compact_positions_of_prompt, unread_ends_of_blocks, unread_of_prompt
 from minipic_protocol.markers import MarkerIds
 
 SSEP, PDEP, PAD, HSEP, TEXT = 1, 2, 3, 4, 9
@@ -54,3 +59,35 @@ def test_every_block_moves_its_read_tokens_by_one_shift() -> None:
             assert len(shifts) <= 1, (prompt, start)
         read = [positions[i] for i in range(len(prompt)) if not unread[i]]
         assert read[0] == 0 and all(b - a <= 1 for a, b in zip(read, read[1:]) if b > a)  # no holes going forward
+
+
+def test_only_pads_ending_a_whole_block_are_unread() -> None:
+    # a pad inside text and pads ending the prompt mid-block are read; a PDep inside a block is read
+    prompt = [TEXT, PAD, TEXT, PAD, PDEP, TEXT, PAD, PAD, TEXT, PDEP, PAD]
+    assert [i for i, u in enumerate(unread_of_prompt(prompt, B, MARKERS)) if u] == [3, 4, 6, 7]
+    assert unread_ends_of_blocks(prompt, B, MARKERS) == ([0, 1, 0], [1, 2, 0])
+
+
+def test_the_block_records_give_every_read_position() -> None:
+    """The server's form: per-block unread heads and tails, scattered into physical blocks, and
+    one shift per logical block derived from them (`compact_shifts_per_block`) give each read
+    token (and each token of a hidden block) its compact position."""
+    rng = random.Random(1)
+    for _ in range(300):
+        prompt = _sdk_like_prompt(rng)
+        num_blocks = -(-len(prompt) // B)
+        heads, tails = unread_ends_of_blocks(prompt, B, MARKERS)
+        physical = torch.randperm(num_blocks + 3)[:num_blocks].to(torch.int32)
+        kind = torch.zeros(num_blocks + 3, dtype=torch.int8)
+        head, tail = torch.zeros(num_blocks + 3, dtype=torch.int32), torch.zeros(num_blocks + 3, dtype=torch.int32)
+        kinds = [block_kind_of(prompt[b * B], *MARKERS.kind_ids) for b in range(num_blocks)]
+        kind[physical.long()] = torch.tensor([int(k) for k in kinds], dtype=torch.int8)
+        head[physical.long()] = torch.tensor(heads, dtype=torch.int32)
+        tail[physical.long()] = torch.tensor(tails, dtype=torch.int32)
+        table, seq_lens = physical[None, :], torch.tensor([len(prompt)])
+        windows = window_starts_per_block(table, kind, B)
+        shifts = compact_shifts_per_block(table, kind, head, tail, windows, seq_lens, B)[0].tolist()
+        positions = compact_positions_of_prompt(prompt, B, MARKERS)
+        unread = unread_of_prompt(prompt, B, MARKERS)
+        got = [i - shifts[i // B] for i in range(len(prompt)) if not unread[i]]
+        assert got == [p for p, u in zip(positions, unread) if not u], prompt

@@ -50,6 +50,9 @@ def test_section_parsing_names_the_problem() -> None:
     with pytest.raises(MiniPICConfigError, match="require_cache_salt must be true or false, got 'yes'"):
         PicConfig.from_section({**MARKERS, "require_cache_salt": "yes"})
     assert PicConfig.from_section({**MARKERS, "require_cache_salt": True}).require_cache_salt
+    with pytest.raises(MiniPICConfigError, match="compact must be true or false, got 1"):
+        PicConfig.from_section({**MARKERS, "compact": 1})
+    assert PicConfig.from_section({**MARKERS, "compact": True}).compact
     with pytest.raises(MiniPICConfigError, match="must differ.*hsep_token_id=5"):
         PicConfig(5, 6, 7, 5)
     with pytest.raises(MiniPICConfigError, match="minipic.hsep_token_id must be a non-negative integer"):

@@ -349,6 +349,14 @@ def test_server_info_reads_hsep_when_published() -> None:
         ServerInfo.from_json({k: v for k, v in base.items() if k != "hsep_token_id"})
 
 
+def test_server_info_reads_the_compact_reading_absent_from_older_servers() -> None:
+    base = ServerInfo.stock(model="m", max_model_len=8, tokenizer="t", max_num_seqs=1).to_json()
+    assert ServerInfo.from_json({**base, "compact": True}).compact
+    assert not ServerInfo.from_json({k: v for k, v in base.items() if k != "compact"}).compact
+    with pytest.raises(InfoError, match="'compact' is 'yes', expected bool"):
+        ServerInfo.from_json({**base, "compact": "yes"})
+
+
 @pytest.mark.parametrize("version", [None, PROTOCOL_VERSION + 1])
 async def test_a_server_of_another_protocol_version_is_refused_in_one_line(fake_server, fake_client, version):
     fake_server.info["protocol_version"] = version

@@ -12,7 +12,7 @@ import pytest
 
 from minipic_client import HiddenSink, LeadInContext, RagRequest, RefreshedHeads, SpanClient
 
-from pic_reference import BLOCK_SIZE, TINY, HFReference, Segment, dependent, flatten, random_tokens, system
+from pic_reference import TINY, HFReference, Segment, dependent, flatten, random_tokens, segments_of, system
 from server_api import complete, max_logprob_diff, prefill
 from servers import RunningServer
 
@@ -93,14 +93,6 @@ def test_refreshed_heads_are_faithful_epic_from_cached_blocks(pic_server, refere
     again = matches_reference(pic_server, reference, segments)
     assert again.token_ids == never.token_ids
     assert again.cached_tokens == len(flatten(segments[:-1]))
-
-
-def segments_of(token_ids: list[int]) -> list[Segment]:
-    """A client layout cut where a block starts with a marker (SSep/HSep spans, PDep tails)."""
-    cuts = [i for i in range(0, len(token_ids), BLOCK_SIZE) if token_ids[i] in (TINY.ssep, TINY.hsep, TINY.pdep)]
-    bounds = [0, *cuts, len(token_ids)] if cuts[:1] != [0] else [*cuts, len(token_ids)]
-    pieces = [tuple(token_ids[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
-    return [Segment(p, span=p[0] in (TINY.ssep, TINY.hsep), hidden_head=p[0] == TINY.hsep) for p in pieces]
 
 
 # The hidden-head techniques, and the first passage as text then again as a span (with and

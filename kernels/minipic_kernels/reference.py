@@ -33,6 +33,7 @@ import torch
 
 from minipic_kernels.block_kinds import hidden_per_block, visible, window_starts_per_block
 from minipic_kernels.block_origins import key_shifts
+from minipic_kernels.compact_shifts import read_keys
 
 
 def rotate(
@@ -113,14 +114,19 @@ def paged_rope_attention_reference(
     output: torch.Tensor | None = None,
     *,
     window_starts: torch.Tensor | None = None,
+    key_shift: torch.Tensor | None = None,
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged keys, each block moved from
     its origin to where this request places it.
 
-    ``window_starts`` (from `window_starts_per_block`) may be passed when the
-    caller already derived them for this step. Returns ``output`` (allocated like
-    ``query`` when not given) holding ``(num_tokens, num_q_heads, head_size)``
-    results in ``query.dtype``.
+    ``window_starts`` (from `window_starts_per_block`) and ``key_shift`` (per request and
+    logical block, `StepTensors.key_shift`) may be passed when the caller already derived
+    them for this step. In the compact reading (`compact_shifts`) ``key_shift`` is required,
+    the queries come rotated back by their blocks' shifts, and ``unread`` (the
+    ``(unread_head, unread_tail)`` records) hides unread keys from every row but their own.
+    Returns ``output`` (allocated like ``query`` when not given) holding
+    ``(num_tokens, num_q_heads, head_size)`` results in ``query.dtype``.
     """
     if output is None:
         output = torch.empty_like(query)
@@ -132,7 +138,7 @@ def paged_rope_attention_reference(
         if window_starts is not None
         else window_starts_per_block(block_table, block_kind, block_size)
     )
-    shifts = key_shifts(block_table, block_origin, block_size)
+    shifts = key_shift if key_shift is not None else key_shifts(block_table, block_origin, block_size)
     hidden = hidden_per_block(block_table, block_kind)
     starts = query_start_loc.tolist()
     for r, seq_len in enumerate(seq_lens.tolist()):
@@ -151,6 +157,10 @@ def paged_rope_attention_reference(
         allowed = visible(
             q_positions[:, None], window[:, None], key_positions[None, :], key_hidden[None, :], block_size
         )
+        if unread is not None:
+            key_blocks = blocks[key_positions // block_size]
+            read = read_keys(key_positions % block_size, unread[0][key_blocks], unread[1][key_blocks], block_size)
+            allowed &= read[None, :] | (key_positions[None, :] == q_positions[:, None])
         q = query[q_begin:q_end].float().transpose(0, 1)  # (Hq, Lq, D)
         k = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, Lk, D)
         v = values.float().repeat_interleave(group, dim=1).transpose(0, 1)

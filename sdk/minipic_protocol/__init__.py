@@ -18,7 +18,11 @@ from minipic_protocol.blocks import (
     visible,
     window_starts_of_prompt,
 )
-from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
+from minipic_protocol.compact import (
+    compact_positions_of_prompt,
+    unread_ends_of_blocks,
+    unread_of_prompt,
+)
 from minipic_protocol.info import PROTOCOL_VERSION, InfoError, ServerInfo
 from minipic_protocol.markers import MARKER_ROLES, MarkerIds
 
@@ -38,6 +42,7 @@ __all__ = [
     "marker_kinds",
     "opens_span",
     "span_openers",
+    "unread_ends_of_blocks",
     "unread_of_prompt",
     "visible",
     "window_starts_of_prompt",

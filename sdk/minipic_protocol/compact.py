@@ -9,9 +9,12 @@ in the plain prompt, and each span keeps its own spacing, placed so that its fir
 follows what precedes it (a hidden head, read only by its own span, then overlaps the positions
 of the in-context copy before it).
 
-`benchmarks/accuracy_emulation.py` (``+compact``) answers with it in transformers; the server
-does not compute it yet. Both forms below are per token; a read token's position differs from
-its index by one shift per block (`tests/test_compact.py`), the form block records can carry.
+`benchmarks/accuracy_emulation.py` (``+compact``) answers with it in transformers; a server
+started with ``--compact`` serves it. The forms below are per token; a read token's position
+differs from its index by one shift per block (`tests/test_compact.py`), so the server carries
+the rule as block records (`unread_ends_of_blocks`) and derives the shifts per step
+(`minipic_kernels.compact_shifts`). Only pads that run to the end of a block wholly inside
+the prompt are unread (the SDK lays every pad so); a pad anywhere else is read as text.
 """
 
 from __future__ import annotations
@@ -23,11 +26,31 @@ from minipic_protocol.markers import MarkerIds
 
 
 def unread_of_prompt(token_ids: Sequence[int], block_size: int, markers: MarkerIds) -> list[bool]:
-    """Whether each token is unread: a pad, or a PDep marker opening a block."""
-    return [
-        token == markers.pad_token_id or (token == markers.pdep_token_id and index % block_size == 0)
-        for index, token in enumerate(token_ids)
-    ]
+    """Whether each token is unread: a PDep marker opening a block, or a pad in the run of pads
+    that ends a block wholly inside the prompt."""
+    heads, tails = unread_ends_of_blocks(token_ids, block_size, markers)
+    unread = []
+    for index in range(len(token_ids)):
+        block, slot = divmod(index, block_size)
+        unread.append(slot < heads[block] or slot >= block_size - tails[block])
+    return unread
+
+
+def unread_ends_of_blocks(
+    token_ids: Sequence[int], block_size: int, markers: MarkerIds, first_block: int = 0
+) -> tuple[list[int], list[int]]:
+    """Per block from ``first_block`` on: its unread head (1 when a PDep marker opens it) and
+    its unread tail (its trailing pads; none in a block the prompt ends inside, which generated
+    tokens continue), the two records a server keeps per KV block."""
+    heads, tails = [], []
+    for start in range(first_block * block_size, len(token_ids), block_size):
+        block = token_ids[start : start + block_size]
+        heads.append(int(block[0] == markers.pdep_token_id))
+        read_end = len(block)
+        while len(block) == block_size and read_end > 0 and block[read_end - 1] == markers.pad_token_id:
+            read_end -= 1
+        tails.append(len(block) - read_end)
+    return heads, tails
 
 
 def compact_positions_of_prompt(token_ids: Sequence[int], block_size: int, markers: MarkerIds) -> list[int]:

@@ -42,6 +42,7 @@ class ServerInfo:
     minipic_version: str
     instance_id: str
     hsep_token_id: int | None = None  # None: no hidden heads (no fourth unused special token)
+    compact: bool = False  # the compact reading (`minipic_protocol.compact`); absent from older servers
     protocol_version: int = PROTOCOL_VERSION
     pic: bool = True  # False: a stock vLLM server (plain prompts only); never published
 
@@ -85,6 +86,12 @@ class ServerInfo:
             if field.name == "pic":
                 continue
             value = data.get(field.name)
+            if field.type == "bool":
+                value = data.get(field.name, False)
+                if not isinstance(value, bool):
+                    raise InfoError(f"/minipic/info: {field.name!r} is {value!r}, expected bool")
+                values[field.name] = value
+                continue
             if field.type == "int | None":
                 ok = value is None or _is_int(value)
             else:

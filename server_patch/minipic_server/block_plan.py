@@ -16,6 +16,10 @@ right record from the request that uses it. A block computed away from its origi
 computed inside a longer prompt) is stored normalised: the cache write rotates its keys
 back by ``write_shift`` blocks (`minipic_kernels.kv_write`).
 
+In the compact reading (``--compact``) a block also records its unread head and tail (the
+PDep marker opening it, its trailing pads: `minipic_protocol.compact.unread_ends_of_blocks`),
+from its tokens too; outside it both stay 0.
+
 After each ``schedule()`` the engine ships `StepRecords` for every block that entered a
 request's block table this step (new requests, resumed ones, new slots, adopted runs,
 external loads), so the worker sets them before the step's forward
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minipic_protocol.blocks import BlockKind, in_span, marker_runs, opens_span
+from minipic_protocol.compact import unread_ends_of_blocks
 from minipic_server.boundary import ENGINE_PLANNER, REQUEST_RECORDS, SCHEDULE, STEP_RECORDS, Request, patch_instance
 from minipic_server.config import PicConfig
 
@@ -55,15 +60,19 @@ class StepRecords:
     origins: list[int] = field(default_factory=list)
     written_ids: list[int] = field(default_factory=list)
     write_shifts: list[int] = field(default_factory=list)
+    # The compact reading's unread heads and tails of ``block_ids`` (empty outside it).
+    unread_heads: list[int] = field(default_factory=list)
+    unread_tails: list[int] = field(default_factory=list)
 
-    def add(
-        self, block_ids: list[int], kinds: list[BlockKind], origins: list[int], first_logical: int, first_written: int
-    ) -> None:
-        """Blocks at logical indices ``first_logical`` on, in order; those from logical index
+    def add(self, block_ids: list[int], records: _RequestRecords, new: slice, first_written: int) -> None:
+        """The request's blocks at logical indices ``new``, in order; those from logical index
         ``first_written`` on are computed by the request this step (the ones before are hits)."""
+        first_logical, origins = new.start, records.origins[new]
         self.block_ids += block_ids
-        self.kinds += kinds
+        self.kinds += records.kinds[new]
         self.origins += origins
+        self.unread_heads += records.unread_heads[new]
+        self.unread_tails += records.unread_tails[new]
         hits = min(max(first_written - first_logical, 0), len(block_ids))
         self.written_ids += block_ids[hits:]
         logical = range(first_logical + hits, first_logical + len(block_ids))
@@ -76,6 +85,8 @@ class _RequestRecords:
 
     kinds: list[BlockKind] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)
+    unread_heads: list[int] = field(default_factory=list)  # compact reading only (else empty)
+    unread_tails: list[int] = field(default_factory=list)
     in_span: bool = False
     span_start: int = 0
 
@@ -109,6 +120,11 @@ def records_of_request(request: Request, num_blocks: int, block_size: int, pic: 
     for start, kind, end in runs:
         state.extend(first + start, first + end, kind)
     state.extend(first + len(firsts), num_blocks)  # generated blocks continue the last run
+    if pic.compact:
+        heads, tails = unread_ends_of_blocks(request.all_token_ids[:prompt_end], block_size, pic.roles, first)
+        generated = num_blocks - first - len(heads)
+        state.unread_heads += heads + [0] * generated
+        state.unread_tails += tails + [0] * generated
     return state
 
 
@@ -150,8 +166,7 @@ class BlockPlanner:
         table = self._tables[req_id]
         records = records_of_request(self._requests[req_id], len(table), self._block_size, self._pic)
         new = slice(len(table) - num_new, len(table))
-        step.add([block.block_id for block in table[new]], records.kinds[new], records.origins[new], new.start,
-                 num_computed // self._block_size)  # fmt: skip
+        step.add([block.block_id for block in table[new]], records, new, num_computed // self._block_size)
 
 
 def install_block_planner(engine: Any, pic: PicConfig) -> None:

@@ -1,12 +1,13 @@
 """Worker side of the block records: one record per physical KV block, set from the scheduler's plan.
 
-Attention sees slots and block tables, never token ids. Each physical block has three
+Attention sees slots and block tables, never token ids. Each physical block has its
 records on the device: its `BlockKind`, its origin (the logical index its keys are stored
-at) and its write shift (how many blocks the request writing it places it past its
-origin). The scheduler decides them for every block that enters a block table
-(`minipic_server.block_plan`) and ships them with the step; the worker sets them before
-the forward (`wrap_execute_model`), so they hold whether the block's KV was computed this
-step, found in the prefix cache or loaded from elsewhere.
+at), its write shift (how many blocks the request writing it places it past its origin)
+and, in the compact reading, its unread head and tail (`minipic_kernels.compact_shifts`).
+The scheduler decides them for every block that enters a block table
+(`minipic_server.block_plan`) and ships them with the step; the worker sets them before the
+forward (`wrap_execute_model`), so they hold whether the block's KV was computed this step,
+found in the prefix cache or loaded from elsewhere.
 
 Per step, the first attention layer derives what the kernels read from them
 (`derive_step`, `minipic_kernels.step_tensors`: one launch on the GPU): the window start of
@@ -30,7 +31,7 @@ from minipic_server.boundary import STEP_RECORDS, Attention
 from minipic_server.config import MiniPICConfigError
 
 # Rows of `BlockRecords`' host copy.
-_KIND, _ORIGIN, _WRITE_SHIFT = range(3)
+_KIND, _ORIGIN, _WRITE_SHIFT, _UNREAD_HEAD, _UNREAD_TAIL = range(5)
 
 
 class BlockRecords:
@@ -43,13 +44,16 @@ class BlockRecords:
     `benchmarks/results/cached-ttft-h100-a3ce8b9-profile-cut-short.json`).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, compact: bool = False) -> None:
         self.device = device
+        self.compact = compact  # the compact reading: steps derive shifts from the unread records
         self.first_layer: Any = None  # the attention impl that derives each forward's metadata
         self.kind = torch.zeros(0, dtype=torch.int8, device=device)
         self.origin = torch.zeros(0, dtype=torch.int32, device=device)
         self.write_shift = torch.zeros(0, dtype=torch.int32, device=device)
-        self._host = np.zeros((3, 0), dtype=np.int32)  # rows _KIND, _ORIGIN, _WRITE_SHIFT
+        self.unread_head = torch.zeros(0, dtype=torch.int32, device=device)
+        self.unread_tail = torch.zeros(0, dtype=torch.int32, device=device)
+        self._host = np.zeros((5, 0), dtype=np.int32)  # rows _KIND, _ORIGIN, _WRITE_SHIFT, _UNREAD_HEAD, _UNREAD_TAIL
         # Whether any block is stored away from where it is computed, known without a sync
         # (an eager step writes with vLLM's own kernel when none is).
         self.any_write_shift = False
@@ -63,9 +67,16 @@ class BlockRecords:
                 f"the KV cache has {num_blocks} blocks, but its block records were made for {self.kind.shape[0]}"
             )
         self.kind = torch.zeros(num_blocks, dtype=torch.int8, device=self.device)
-        self.origin = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
-        self.write_shift = torch.zeros(num_blocks, dtype=torch.int32, device=self.device)
-        self._host = np.zeros((3, num_blocks), dtype=np.int32)
+        self.origin, self.write_shift, self.unread_head, self.unread_tail = (
+            torch.zeros(num_blocks, dtype=torch.int32, device=self.device) for _ in range(4)
+        )
+        self._host = np.zeros((5, num_blocks), dtype=np.int32)
+
+    @property
+    def unread(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The unread head and tail records in the compact reading (what the step derivation
+        and attention take), None outside it."""
+        return (self.unread_head, self.unread_tail) if self.compact else None
 
     def apply(self, step: StepRecords) -> None:
         """Set the records the scheduler shipped with this step: the host copy first, then
@@ -84,6 +95,9 @@ class BlockRecords:
         before = self._host[:, touched]
         self._host[_KIND, listed] = step.kinds
         self._host[_ORIGIN, listed] = step.origins
+        if self.compact:
+            self._host[_UNREAD_HEAD, listed] = step.unread_heads
+            self._host[_UNREAD_TAIL, listed] = step.unread_tails
         self._host[_WRITE_SHIFT, written] = step.write_shifts
         changed = np.unique(touched[(self._host[:, touched] != before).any(axis=0)])
         if not changed.size:
@@ -94,6 +108,9 @@ class BlockRecords:
         self.kind.index_copy_(0, ids, packed[1 + _KIND].to(torch.int8))
         self.origin.index_copy_(0, ids, packed[1 + _ORIGIN])
         self.write_shift.index_copy_(0, ids, packed[1 + _WRITE_SHIFT])
+        if self.compact:
+            self.unread_head.index_copy_(0, ids, packed[1 + _UNREAD_HEAD])
+            self.unread_tail.index_copy_(0, ids, packed[1 + _UNREAD_TAIL])
         self.any_write_shift = bool(self._host[_WRITE_SHIFT].any())
 
 
@@ -106,19 +123,19 @@ def derive_step(metadata: Any, records: BlockRecords, *, first_layer: bool) -> N
     if not records.kind.shape[0]:
         raise MiniPICConfigError("MiniPIC attention ran before the KV cache's block records were allocated")
     derive = derive_step_tensors if records.kind.is_cuda else derive_step_tensors_reference
-    metadata.block_kind, metadata.block_origin = records.kind, records.origin
+    metadata.block_kind, metadata.block_origin, metadata.unread = records.kind, records.origin, records.unread
     metadata.step = derive(
         metadata.block_table, records.kind, records.origin, metadata.query_start_loc, metadata.seq_lens,
-        metadata.block_size,
+        metadata.block_size, records.unread, metadata.num_actual_tokens,
     )
     if metadata.plan is not None:
         metadata.plan = metadata.plan.routed(metadata.step)
 
 
-def link_block_records(model: torch.nn.Module, device: torch.device) -> BlockRecords:
+def link_block_records(model: torch.nn.Module, device: torch.device, compact: bool = False) -> BlockRecords:
     """One `BlockRecords` for the worker, shared by every attention layer of the model; the
     first layer (in module order, the order a decoder runs them) derives each forward's metadata."""
-    records = BlockRecords(device)
+    records = BlockRecords(device, compact)
     for module in model.modules():
         if isinstance(module, Attention):
             module.impl.pic_records = records

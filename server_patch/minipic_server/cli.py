@@ -36,6 +36,11 @@ def serve(
         None, "--embed-markers-as", metavar="newline|ID",
         help="The model reads SSep, PDep and HSep through this ordinary token's embedding (docs/accuracy.md).",
     ),
+    compact: bool = typer.Option(
+        False, "--compact",
+        help="The compact reading: pads and PDep markers unread and given no position, so the model reads "
+        "a MiniPIC prompt at the plain prompt's positions (docs/accuracy.md).",
+    ),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
     from minipic_protocol import MarkerIds
@@ -56,7 +61,7 @@ def serve(
 
     serve_main(
         model, list(ctx.args), markers, hsep_token_id,
-        require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as,
+        require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as, compact=compact,
     )
 
 

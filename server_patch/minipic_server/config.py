@@ -12,12 +12,13 @@ from functools import cached_property
 from typing import Any
 
 from minipic_protocol.blocks import BlockKind, marker_kinds
+from minipic_protocol.markers import MarkerIds
 
 CONFIG_KEY = "minipic"
 _FIELDS = ("ssep_token_id", "pdep_token_id", "pad_token_id")
 # Optional: a configuration written before hidden heads existed has no HSep marker.
 _OPTIONAL_FIELDS = ("hsep_token_id",)
-_OPTIONS = ("require_cache_salt", "embed_markers_as")
+_OPTIONS = ("require_cache_salt", "embed_markers_as", "compact")
 
 
 class MiniPICConfigError(ValueError):
@@ -30,7 +31,8 @@ class PicConfig:
     (``hsep_token_id`` None: no hidden heads on this server). `require_cache_salt`:
     requests without a ``cache_salt`` are refused (`salt_policy`). `embed_markers_as`: the
     model reads SSep, PDep and HSep through this ordinary token's embedding
-    (`marker_embedding`; None: their own rows)."""
+    (`marker_embedding`; None: their own rows). `compact`: the compact reading
+    (`minipic_protocol.compact`): pads and PDep markers unread and given no position."""
 
     ssep_token_id: int
     pdep_token_id: int
@@ -38,6 +40,7 @@ class PicConfig:
     hsep_token_id: int | None = None
     require_cache_salt: bool = False
     embed_markers_as: int | None = None
+    compact: bool = False
 
     def __post_init__(self) -> None:
         for name, value in self.markers.items():
@@ -48,10 +51,9 @@ class PicConfig:
                 "minipic marker ids must differ from each other, got "
                 + ", ".join(f"{name}={value}" for name, value in self.markers.items())
             )
-        if not isinstance(self.require_cache_salt, bool):
-            raise MiniPICConfigError(
-                f"minipic.require_cache_salt must be true or false, got {self.require_cache_salt!r}"
-            )
+        for flag in ("require_cache_salt", "compact"):
+            if not isinstance(getattr(self, flag), bool):
+                raise MiniPICConfigError(f"minipic.{flag} must be true or false, got {getattr(self, flag)!r}")
         stand_in = self.embed_markers_as
         if stand_in is not None and (isinstance(stand_in, bool) or not isinstance(stand_in, int) or stand_in < 0):
             raise MiniPICConfigError(f"minipic.embed_markers_as must be a token id, got {stand_in!r}")
@@ -68,6 +70,11 @@ class PicConfig:
     def marker_ids(self) -> tuple[int, ...]:
         """Every marker id (banned from sampling, kept out of text)."""
         return tuple(self.markers.values())
+
+    @property
+    def roles(self) -> MarkerIds:
+        """The markers by role, as the protocol's functions take them."""
+        return MarkerIds(self.ssep_token_id, self.pdep_token_id, self.pad_token_id, self.hsep_token_id)
 
     @property
     def kind_marker_ids(self) -> tuple[int, int, int | None]:

@@ -31,7 +31,7 @@ def wrap_load_model(original: Callable[..., nn.Module]) -> Callable[..., nn.Modu
         model = original(self, vllm_config, model_config, *args, **kwargs)
         pic = pic_config_of(vllm_config)
         if pic is not None:
-            make_position_free(model)
+            make_position_free(model, compact=pic.compact)
             if pic.embed_markers_as is not None:
                 embed_markers_as(model, pic)
         return model
@@ -39,7 +39,7 @@ def wrap_load_model(original: Callable[..., nn.Module]) -> Callable[..., nn.Modu
     return load_model
 
 
-def make_position_free(model: nn.Module) -> None:
+def make_position_free(model: nn.Module, *, compact: bool = False) -> None:
     specs: dict[int, RopeSpec] = {}
     for name, module in model.named_modules():
         attn, rope = getattr(module, "attn", None), getattr(module, "rotary_emb", None)
@@ -67,4 +67,4 @@ def make_position_free(model: nn.Module) -> None:
             "MiniPIC could not find the rotary embedding beside attention layers "
             f"{unlinked[:3] or '(none found)'}: this model architecture is not supported"
         )
-    link_block_records(model, next(model.parameters()).device)
+    link_block_records(model, next(model.parameters()).device, compact)

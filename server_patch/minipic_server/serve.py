@@ -65,11 +65,13 @@ def serve_args(
     *,
     require_cache_salt: bool = False,
     embed_markers_as: str | None = None,
+    compact: bool = False,
 ) -> Namespace:
     """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config, with
     `markers` checked against the tokenizer, or picked from it when not given;
     ``hsep_token_id`` overrides HSep alone (picked after the other three when not given);
-    `embed_markers_as` (``newline`` or a token id) as `MarkerRule.stand_in` reads it."""
+    `embed_markers_as` (``newline`` or a token id) as `MarkerRule.stand_in` reads it; `compact`
+    turns the compact reading on."""
     args = parser.parse_args(["serve", model, *vllm_args])
     rule = MarkerRule(load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code))
     markers = markers or rule.pick()
@@ -80,6 +82,8 @@ def serve_args(
     options: dict[str, Any] = {"require_cache_salt": True} if require_cache_salt else {}
     if embed_markers_as is not None:
         options["embed_markers_as"] = rule.stand_in(embed_markers_as)
+    if compact:
+        options["compact"] = True
     args.additional_config = with_pic_section(args.additional_config, markers, options)
     return args
 
@@ -126,6 +130,7 @@ def serve_main(
     *,
     require_cache_salt: bool = False,
     embed_markers_as: str | None = None,
+    compact: bool = False,
 ) -> None:
     """``minipic serve``; a configuration PIC cannot serve ends the process with one
     line, the last of the output, instead of a traceback."""
@@ -138,7 +143,7 @@ def serve_main(
         parser, command = vllm_serve_parser(serve_defaults(current_platform.is_cpu()))
         args = serve_args(
             parser, model, vllm_args, markers, hsep_token_id,
-            require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as,
+            require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as, compact=compact,
         )
         command.validate(args)
         command.cmd(args)

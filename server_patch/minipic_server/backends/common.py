@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 
 from minipic_kernels.attention import StepPlan
+from minipic_kernels.reference import rotate
 from minipic_kernels.step_tensors import StepTensors
 from minipic_server import boundary
 from minipic_server.block_records import BlockRecords, derive_step
@@ -38,7 +39,7 @@ class RopeSpec:
 
 @dataclass
 class PicAttentionMetadata:
-    """Per-step metadata; ``block_kind``/``block_origin``/``step`` come from the worker's block
+    """Per-step metadata; ``block_kind``/``block_origin``/``unread``/``step`` come from the worker's block
     records through the step's first attention layer (`block_records.derive_step`); ``plan``
     from builders whose kernels need one (CUDA), routed there."""
 
@@ -53,6 +54,7 @@ class PicAttentionMetadata:
     plan: StepPlan | None = None
     block_kind: torch.Tensor | None = None
     block_origin: torch.Tensor | None = None
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None  # the compact reading's records (`BlockRecords.unread`)
     step: StepTensors | None = None
 
 
@@ -243,8 +245,12 @@ class PositionFreeAttention:
         derive_step(attn_metadata, records, first_layer=self is records.first_layer)
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = self.kv_views(kv_cache)
+        rows = query[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
+        step = attn_metadata.step
+        if step is not None and step.query_shift is not None:  # the compact reading: rows at compact positions
+            rows = rotate(rows, -step.query_shift, rope.unit_cos_sin, rope.rotary_dim, rope.is_neox).to(rows.dtype)
         self.attend(
-            query[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
+            rows,
             key_cache,
             value_cache,
             attn_metadata,
