@@ -175,7 +175,8 @@ class Batch:
         """The batch as one kernel launch sees it (the cache's keys where they were computed)."""
         s = self.shape
         return TileLaunch(self.query, self.key_cache, self.value_cache, self.block_table, self.block_kind,
-                          self.block_origin, self.step.moved, self.step.hidden, self.query_start_loc, self.seq_lens,
+                          self.block_origin, self.step.key_shift, self.step.moved, self.step.hidden,
+                          self.query_start_loc, self.seq_lens,
                           self.step.window_starts, self.key_cos_sin, s.rotary_dim, s.is_neox, self.scale,
                           max(n for n, _ in self.reqs))  # fmt: skip
 

@@ -54,7 +54,8 @@ def _routed(plan: StepPlan, masked: list[bool], misplaced: list[bool], seq_lens:
     lengths = torch.tensor(seq_lens, dtype=torch.int32)
     in_request = torch.arange(8)[None, :] * BS < lengths[:, None]
     kept_rank = torch.where(in_request, torch.arange(8), -1).to(torch.int32)
-    step = StepTensors(torch.full((len(seq_lens), 8), -1, dtype=torch.int32), flags, lengths, kept_rank)
+    no_shift = torch.zeros(len(seq_lens), 8, dtype=torch.int32)
+    step = StepTensors(torch.full((len(seq_lens), 8), -1, dtype=torch.int32), flags, lengths, kept_rank, no_shift)
     return plan.routed(step)
 
 
@@ -114,16 +115,21 @@ LAYOUT = torch.tensor([0, 0, BlockKind.PDEP, BlockKind.HSEP, 0, BlockKind.PDEP, 
 FINAL_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
-def _step(tables: list[list[int]], reqs: list[tuple[int, int]], moved: list[bool] | None = None) -> StepTensors:
+def _step(
+    tables: list[list[int]],
+    reqs: list[tuple[int, int]],
+    moved: list[bool] | None = None,
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> StepTensors:
     """The step's tensors for requests over `LAYOUT`, (seq_len, query_len) each, every block at
-    its origin but those of the requests ``moved`` flags."""
+    its origin but those of the requests ``moved`` flags; in the compact reading with ``unread``."""
     table = torch.tensor([t + [0] * (8 - len(t)) for t in tables], dtype=torch.int32)
     seq_lens = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
     qsl = torch.tensor([0] + [q for _, q in reqs]).cumsum(0)
     origin = torch.zeros(len(LAYOUT), dtype=torch.int32)
     for row in tables:
         origin[row] = torch.arange(len(row), dtype=torch.int32)
-    step = derive_step_tensors_reference(table, LAYOUT, origin, qsl, seq_lens, BS)
+    step = derive_step_tensors_reference(table, LAYOUT, origin, qsl, seq_lens, BS, unread, int(qsl[-1]))
     if moved is not None:
         step.flags[MOVED] = torch.tensor(moved)
     return step
@@ -184,3 +190,20 @@ def test_compactable_requests_over_the_scratch_budget_go_to_the_tile_kernel() ->
     assert routes is not None and routes.scratch is None
     assert routes.tiles is not None and routes.tiles.tolist() == [1, 0]
     assert routes.at_origin is not None and routes.at_origin.tolist() == [0, 2 * BS]
+
+
+def test_requests_the_compact_reading_shifts_or_masks_go_to_the_tile_kernel() -> None:
+    """The scratch pre-pass moves keys by their origin alone (`rotary_pages`): in the compact
+    reading a request with unread keys (the PDep markers opening blocks) or shifted blocks is
+    masked and not compactable, so the final prompt's question, which reads scratch pages
+    outside the reading, goes to the tile kernel; a request over a block read whole keeps the
+    stock kernel over the cache."""
+    unread = ((LAYOUT == BlockKind.PDEP).to(torch.int32), torch.zeros(len(LAYOUT), dtype=torch.int32))
+    reqs = [(8 * BS, 2 * BS), (8 * BS, 8 * BS), (BS, BS)]
+    step = _step([FINAL_PROMPT, FINAL_PROMPT, [8]], reqs, unread=unread)
+    assert step.masked.tolist() == [1, 1, 0] and step.compactable.tolist() == [0, 0, 0]
+    assert step.hidden.tolist() == [1, 1, 0] and step.moved.tolist() == [1, 1, 0]
+    routes = _plan([q for _, q in reqs], [s for s, _ in reqs]).routed(step).routes
+    assert routes is not None and routes.scratch is None
+    assert routes.tiles is not None and routes.tiles.tolist() == [1, 1, 0]
+    assert routes.at_origin is not None and routes.at_origin.tolist() == [0, 0, BS]

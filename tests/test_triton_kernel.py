@@ -70,6 +70,12 @@ CASE_NAMES = [
     "f32_moved_decode_partial_neox",
     "f32_moved_decode_partial_gptj",
     "f32_moved_decode_head80",
+    "f32_compact_tiles",
+    "f32_compact_tails_at_origin",
+    "f32_compact_decode_splits",
+    "f16_compact_partial_gptj_bs32",
+    "f32_compact_dense",
+    "f32_compact_tails_dense_at_origin",
     "hidden_flag_gates_the_mask",
     "refreshed_heads_on_the_stock_kernel",
     "write_kv",
@@ -93,7 +99,7 @@ class CaseRun:
 
 
 def start_case_run(out_dir: Path) -> CaseRun:
-    """Start the interpreter's case run (a minute and a half on 2 cores). conftest.py starts it
+    """Start the interpreter's case run (about three minutes on 2 cores). conftest.py starts it
     as soon as this module's tests are collected, so it overlaps the tests before them."""
     env = dict(os.environ)
     env["TRITON_INTERPRET"] = "1"

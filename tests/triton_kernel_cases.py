@@ -63,7 +63,21 @@ class Case:
     mode: str = "tiles"
     table_rows: int | None = None  # RoPE table length (default: longest request + 5)
     host_upper_bounds: int = 0  # plan from host lengths this much above the device's
+    # The compact reading's unread records: "" none (outside it), "random" (`random_unread`; none in the first
+    # request), "tails" (the last two keys of each request unread and nothing else: without hidden blocks no
+    # block shifts, so blocks at their origin stay unmoved)
+    unread: str = ""
     seed: int = 0
+
+
+def random_unread(g: torch.Generator, num_phys: int, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``(unread_head, unread_tail)`` records: most blocks read whole, some with a
+    PDep-like head, trailing pads, or nothing read at all."""
+    head = (torch.rand(num_phys, generator=g) < 0.3).to(torch.int32)
+    tail = torch.where(torch.rand(num_phys, generator=g) < 0.3, torch.randint(0, bs, (num_phys,), generator=g), 0)
+    unread_whole = torch.rand(num_phys, generator=g) < 0.15
+    head[unread_whole], tail[unread_whole] = 1, bs - 1
+    return head, tail.to(torch.int32)
 
 
 def build(case: Case) -> dict:
@@ -124,7 +138,18 @@ def build(case: Case) -> dict:
     inv_freq = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
     cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    compact = {}
+    if case.unread == "random":  # all but the first request's blocks: it reads every key, as outside the reading
+        head, tail = random_unread(g, num_phys, bs)
+        head[table[0, : blocks_per_req[0]].long()], tail[table[0, : blocks_per_req[0]].long()] = 0, 0
+        compact["unread"] = (head, tail)
+    if case.unread == "tails":
+        tail = torch.zeros(num_phys, dtype=torch.int32)
+        for r, (n, _) in enumerate(case.reqs):
+            tail[table[r, (n - 1) // bs].long()] = min(bs - 1, bs - (n - 1) % bs + 1)
+        compact["unread"] = (torch.zeros(num_phys, dtype=torch.int32), tail)
     return dict(
+        **compact,
         query=query,
         key_cache=key_cache,
         value_cache=value_cache,
@@ -241,12 +266,35 @@ CASES = [
     Case("f32_moved_decode_partial_gptj", MOVED_DECODE, rotary_dim=32, kinds="one_hidden", misplaced=1.0,
          is_neox=False, seed=56),
     Case("f32_moved_decode_head80", MOVED_DECODE, head_size=80, kinds="plain", misplaced=1.0, seed=57),
+    # The compact reading: each block's keys moved by the step's key shift (its compact shift
+    # included), unread keys masked for every row but their own; decode and tiles, moved and at
+    # origin, hidden blocks and windows, key splits; with a stock kernel, compact requests go to tiles
+    # and a moved request without unread keys (the first) to scratch pages.
+    Case("f32_compact_tiles", MIXED, group=2, kinds="hidden", unread="random", seed=70),
+    Case("f32_compact_tails_at_origin", MIXED, misplaced=0.0, unread="tails", seed=71),
+    Case("f32_compact_decode_splits", [(96, 1), (120, 1), (64, 2), (150, 3)], group=2, kinds="hidden",
+         unread="random", decode=AttentionConfig(16, 32, 4, 1, num_splits=3), seed=72),
+    Case("f16_compact_partial_gptj_bs32", MIXED, block_size=32, group=4, rotary_dim=32, is_neox=False, dtype=F16,
+         kinds="hidden", unread="random", seed=73),
+    Case("f32_compact_dense", DENSE, group=2, kinds="plain", misplaced=1.0, mode="dense", unread="random", seed=74),
+    Case("f32_compact_tails_dense_at_origin", DENSE, group=2, kinds="plain", misplaced=0.0, mode="dense",
+         unread="tails", seed=75),
 ]
 
 
 def _run_case(case: Case) -> dict:
+    """`paged_rope_attention` against the reference; in the compact reading the reference reads
+    each block's shift from the step (`derive_step_tensors_reference`) and both take the
+    queries as given."""
     inputs = build(case)
-    ref = paged_rope_attention_reference(**inputs)
+    ref_step = {}
+    if case.unread:
+        step = derive_step_tensors_reference(
+            *(inputs[name] for name in ("block_table", "block_kind", "block_origin", "query_start_loc", "seq_lens")),
+            case.block_size, inputs["unread"], inputs["query"].shape[0],
+        )  # fmt: skip
+        ref_step["key_shift"] = step.key_shift
+    ref = paged_rope_attention_reference(**inputs, **ref_step)
     out = torch.full_like(inputs["query"], float("nan"))
     extra: dict = {"prefill": case.prefill, "decode": case.decode}
     if case.mode.startswith("dense"):
@@ -386,7 +434,7 @@ def decode_over_rotated_keys_case(seed: int) -> dict:
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     work = triton_attention.TileLaunch(
         query, key_cache, value_cache, block_table, torch.zeros(sum(blocks), dtype=torch.int8),
-        torch.zeros(sum(blocks), dtype=torch.int32),
+        torch.zeros(sum(blocks), dtype=torch.int32), torch.zeros_like(block_table),
         torch.zeros(len(lens), dtype=torch.int8), torch.zeros(len(lens), dtype=torch.int8), qsl, seq_lens,
         torch.zeros_like(block_table), _rope_table(max(lens), d), 0, True, d**-0.5, max(lens),
     )  # fmt: skip
@@ -444,28 +492,54 @@ def refreshed_heads_on_the_stock_kernel_case() -> dict:
             "detail": f"launches={launches}"}  # fmt: skip
 
 
+def _random_step_records(rng: random.Random, seed: int) -> tuple[tuple, dict]:
+    """A random step's `derive_step_tensors` arguments and its compact reading's extra ones."""
+    g = torch.Generator().manual_seed(seed)
+    bs, num_reqs, width, num_phys = rng.choice([4, 16]), rng.randint(1, 6), rng.randint(1, 30), 40
+    table = torch.randint(0, num_phys, (num_reqs, width), generator=g, dtype=torch.int32)
+    kind = torch.randint(0, 4, (num_phys,), generator=g).to(torch.int8)
+    kind[torch.rand(num_phys, generator=g) < 0.5] = BlockKind.PLAIN
+    origin = torch.randint(0, width, (num_phys,), generator=g, dtype=torch.int32)
+    seq = [rng.randint(0, width * bs) for _ in range(num_reqs)]
+    qsl = torch.tensor([0] + [rng.randint(0, s) for s in seq]).cumsum(0).to(torch.int32)
+    compact = dict(unread=random_unread(g, num_phys, bs), num_tokens=int(qsl[-1]) + rng.randint(0, 20))
+    return (table, kind, origin, qsl, torch.tensor(seq, dtype=torch.int32), bs), compact
+
+
+def _long_unread_spans() -> tuple[tuple, dict]:
+    """Spans opened at a chunk's last block (8-block chunks) with nothing read for more than a
+    chunk after: one reads on at block 21, one meets a PDep block (block 19) first."""
+    bs, width = 4, 30
+    table = torch.stack([torch.arange(width), torch.arange(width) + width]).to(torch.int32)
+    kind = torch.zeros(2 * width, dtype=torch.int8)
+    kind[[7, width + 7]], kind[width + 19] = BlockKind.HSEP, BlockKind.PDEP
+    head, tail = torch.zeros(2 * width, dtype=torch.int32), torch.zeros(2 * width, dtype=torch.int32)
+    head[[*range(8, 21), *range(width + 8, width + 21)]] = 1
+    tail[[*range(8, 21), *range(width + 8, width + 21)]] = bs - 1
+    seq = torch.tensor([width * bs - 3, width * bs], dtype=torch.int32)
+    qsl = torch.tensor([0, width * bs - 3, 2 * width * bs - 3], dtype=torch.int32)
+    origin = torch.arange(2 * width, dtype=torch.int32) % width
+    return (table, kind, origin, qsl, seq, bs), dict(unread=(head, tail), num_tokens=2 * width * bs)
+
+
 def step_derivation_case(steps: int = 120) -> dict:
     """`derive_step_tensors` (one launch, walking each table row in several chunks here) equals
     `derive_step_tensors_reference` on random steps: marker and hidden blocks anywhere, junk
-    entries past a request's length, requests of no rows and padding requests of length 0."""
+    entries past a request's length, requests of no rows and padding requests of length 0;
+    every other one also in the compact reading, with random unread records and padding query
+    rows, and spans whose first read block lies chunks ahead."""
     rng, mismatches, compactable = random.Random(7), [], 0
     chunk, step_tensors._CHUNK = step_tensors._CHUNK, 8
     try:
-        for seed in range(steps):
-            g = torch.Generator().manual_seed(seed)
-            bs, num_reqs, width, num_phys = rng.choice([4, 16]), rng.randint(1, 6), rng.randint(1, 30), 40
-            table = torch.randint(0, num_phys, (num_reqs, width), generator=g, dtype=torch.int32)
-            kind = torch.randint(0, 4, (num_phys,), generator=g).to(torch.int8)
-            kind[torch.rand(num_phys, generator=g) < 0.5] = BlockKind.PLAIN
-            origin = torch.randint(0, width, (num_phys,), generator=g, dtype=torch.int32)
-            seq = [rng.randint(0, width * bs) for _ in range(num_reqs)]
-            qsl = torch.tensor([0] + [rng.randint(0, s) for s in seq]).cumsum(0).to(torch.int32)
-            args = (table, kind, origin, qsl, torch.tensor(seq, dtype=torch.int32), bs)
-            got, want = derive_step_tensors(*args), derive_step_tensors_reference(*args)
-            compactable += int(want.compactable.sum())
-            for name in ("window_starts", "flags", "kept_len", "kept_rank"):
-                if not torch.equal(getattr(got, name).long(), getattr(want, name).long()):
-                    mismatches.append(f"step {seed}: {name}")
+        cases = [_random_step_records(rng, seed) for seed in range(steps)] + [_long_unread_spans()]
+        for seed, (args, compact) in enumerate(cases):
+            for extra in ({}, compact) if seed % 2 == 0 else ({},):  # the compact reading's walk is slower here
+                got, want = derive_step_tensors(*args, **extra), derive_step_tensors_reference(*args, **extra)
+                compactable += int(want.compactable.sum())
+                for name in ("window_starts", "flags", "kept_len", "kept_rank", "key_shift", "query_shift"):
+                    a, b = getattr(got, name), getattr(want, name)
+                    if (a is None) != (b is None) or (a is not None and not torch.equal(a.long(), b.long())):
+                        mismatches.append(f"step {seed}{' compact' if extra else ''}: {name}")
     finally:
         step_tensors._CHUNK = chunk
     return {"name": "step_derivation", "ok": not mismatches and compactable > 0, "max_err": len(mismatches),
@@ -551,9 +625,10 @@ def _random_step(rng: random.Random, limit: int) -> list[tuple[int, int]]:
     return reqs
 
 
-def warm_up_coverage(steps: int = 16, seed: int = 0) -> dict:
+def warm_up_coverage(steps: int = 16, compact_steps: int = 6, seed: int = 0) -> dict:
     """Kernel variants that random serving steps launch and `warm_up` did not, with a stock
-    kernel for window-free prefill (the reference stands in for FlashAttention) and without."""
+    kernel for window-free prefill (the reference stands in for FlashAttention) and without,
+    and with one in the compact reading (fewer steps: the interpreter is slow)."""
     shape = warmup.LayerShape(num_q_heads=4, num_kv_heads=2, head_size=64, block_size=16, dtype=torch.float32,
                               rotary_dim=64, is_neox=True)  # fmt: skip
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
@@ -562,12 +637,13 @@ def warm_up_coverage(steps: int = 16, seed: int = 0) -> dict:
     rng = random.Random(seed)
     limit = triton_attention.decode_query_limit(shape.num_q_heads // shape.num_kv_heads)
     missing, warmed, stepped = [], 0, 0
-    for paged_attention in (None, paged_causal_attention_reference):
-        warm = _launches(lambda: warmup.warm_up(shape, cos_sin, 0.125, paged_attention))
+    stock = paged_causal_attention_reference
+    for paged_attention, compact, count in ((None, False, steps), (stock, False, steps), (stock, True, compact_steps)):
+        warm = _launches(lambda: warmup.warm_up(shape, cos_sin, 0.125, paged_attention, compact=compact))
         serving = _launches(lambda: [
             warmup._run(shape, cos_sin, 0.125, paged_attention, reqs, rng.choice((1 << 30, 1 << 30, 0)), 64,
-                        moved=rng.randrange(-1, len(reqs)))
-            for reqs in (_random_step(rng, limit) for _ in range(steps))
+                        moved=rng.randrange(-1, len(reqs)), compact=compact)
+            for reqs in (_random_step(rng, limit) for _ in range(count))
         ])  # fmt: skip
         missing += [repr(variant) for variant in serving - warm]
         warmed, stepped = warmed + len(warm), stepped + len(serving)

@@ -128,7 +128,9 @@ class StepPlan:
         masks, compacts, misplaces = (flags[row].tolist() for row in (MASKED, COMPACTABLE, MOVED))
         prefill = [q > self.decode_limit for q in self.query_lens]
         at_origin = [p and not w and not m for p, w, m in zip(prefill, masks, misplaces)]
-        # A compactable request reads its keys less its hidden blocks from scratch, moved or not.
+        # A compactable request reads its keys less its hidden blocks from scratch, moved or not. The scratch
+        # pre-pass moves keys by their origin alone: a request the compact reading shifts or gives unread keys
+        # is masked and not compactable (`derive_step_tensors`), so it goes to tiles (tests/test_attention_routing.py).
         on_scratch = [p and (c or (m and not w)) for p, w, c, m in zip(prefill, masks, compacts, misplaces)]
         tiles = [p and w and not c for p, w, c in zip(prefill, masks, compacts)]
         pages = [-(-n // self.block_size) if s else 0 for s, n in zip(on_scratch, self.seq_len_bounds)]
@@ -209,6 +211,7 @@ def paged_rope_attention(
     scratch_budget_bytes: int = 1 << 30,
     prefill: AttentionConfig | None = None,
     decode: AttentionConfig | None = None,
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged keys, each block moved from its
     origin to where the request reads it.
@@ -216,8 +219,11 @@ def paged_rope_attention(
     Shapes and semantics as `paged_rope_attention_reference`. ``plan`` comes from
     `plan_step` and, for a step with prefill, `StepPlan.routed` (both done here, with host
     syncs, when omitted: standalone use); ``step`` (`derive_step_tensors`) may be passed when
-    the caller derived it once for the step.
+    the caller derived it once for the step (with ``unread`` in the compact reading, whose
+    ``(unread_head, unread_tail)`` records the kernels then mask unread keys by).
     ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
+    In the compact reading the queries come rotated back by their blocks' shifts
+    (`StepTensors.query_shift`: the caller's part, so it derives ``step`` itself).
     Moved keys are rotated with ``cos_sin`` in the key cache's dtype, as vLLM's RoPE rotates
     keys with its table in the model's; pass it so (`RopeSpec.unit_cos_sin_in`) to spare a
     conversion per call.
@@ -230,7 +236,8 @@ def paged_rope_attention(
         return output
     cos_sin = cos_sin.to(key_cache.dtype)
     if step is None:
-        step = derive_step_tensors(block_table, block_kind, block_origin, query_start_loc, seq_lens, block_size)
+        step = derive_step_tensors(block_table, block_kind, block_origin, query_start_loc, seq_lens, block_size,
+                                   unread, num_tokens)  # fmt: skip
     if plan is None:
         qsl = query_start_loc.tolist()
         lengths = seq_lens.tolist()
@@ -245,9 +252,9 @@ def paged_rope_attention(
         )
     plan = plan.routed(step)
     work = TileLaunch(
-        query, key_cache, value_cache, block_table, block_kind, block_origin, step.moved, step.hidden,
+        query, key_cache, value_cache, block_table, block_kind, block_origin, step.key_shift, step.moved, step.hidden,
         query_start_loc, seq_lens, step.window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale),
-        plan.max_seq_len,
+        plan.max_seq_len, unread,
     )  # fmt: skip
     if plan.has_prefill:
         _prefill(work, output, plan, prefill or prefill_config(head_size), paged_attention, num_tokens)

@@ -9,8 +9,9 @@ the tensor forms (the CPU backend's path, and the definition the kernel is teste
 
 Per request the kernel walks its block-table row in chunks, carrying the latest marker
 block and whether a hidden block was seen (the two running maxima behind window starts and
-hidden-before), then, for a compactable request only, a second walk numbering the blocks
-it keeps (`compactable_requests`).
+hidden-before), in the compact reading also the read tokens so far and the open span's
+shift (`compact_shifts`), then, for a compactable request only, a second walk numbering
+the blocks it keeps (`compactable_requests`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from minipic_kernels.block_kinds import (
     requests_with_masks,
     window_starts_per_block,
 )
-from minipic_kernels.block_origins import misplaced_requests
+from minipic_kernels.block_origins import key_shifts
+from minipic_kernels.compact_shifts import compact_shifts_per_block
 from minipic_protocol.blocks import OUTSIDE_SPANS, BlockKind
 
 __all__ = ["StepTensors", "derive_step_tensors", "derive_step_tensors_reference"]
@@ -59,9 +61,15 @@ class StepTensors:
     flags: torch.Tensor  # (4, num_reqs) int8: rows MOVED, HIDDEN, MASKED, COMPACTABLE
     kept_len: torch.Tensor  # (num_reqs,) int32: the length less the hidden blocks a compactable request skips
     kept_rank: torch.Tensor  # (num_reqs, max_blocks) int32: each kept block's place among them, -1: not kept
+    # (num_reqs, max_blocks) int32: positions each logical block's keys move when read, its distance from
+    # its origin less its compact shift (`compact_shifts.compact_shifts_per_block`; 0 outside the compact reading)
+    key_shift: torch.Tensor
+    # (num_tokens,) int32: each query row's compact shift (queries rotate back by it); None outside the compact reading
+    query_shift: torch.Tensor | None = None
 
     moved = _flag_row(MOVED, "int8 per request: reads a block away from its origin (`misplaced_requests`).")
-    hidden = _flag_row(HIDDEN, "int8 per request: a hidden block among its keys (`requests_with_hidden`).")
+    hidden = _flag_row(HIDDEN, "int8 per request: keys its rows may skip by their block's records: a hidden "
+                       "block (`requests_with_hidden`) or, in the compact reading, unread slots.")
     masked = _flag_row(MASKED, "int8 per request: a row sees less than causal (`requests_with_masks`).")
     compactable = _flag_row(COMPACTABLE, "int8 per request: masked only by hidden blocks before its rows "
                             "(`compactable_requests`).")
@@ -74,23 +82,54 @@ def derive_step_tensors_reference(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     block_size: int,
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None,
+    num_tokens: int = 0,
 ) -> StepTensors:
-    """The step's tensors from the block rule's tensor forms (any device)."""
+    """The step's tensors from the block rule's tensor forms (any device). ``unread``: the
+    compact reading's ``(unread_head, unread_tail)`` records (`compact_shifts`), None outside
+    it; ``num_tokens``: the query rows a compact step's ``query_shift`` covers."""
     window_starts = window_starts_per_block(block_table, block_kind, block_size)
     hidden_blocks = hidden_per_block(block_table, block_kind)
     mask_inputs = (window_starts, hidden_blocks, query_start_loc, seq_lens, block_size)
     compactable = compactable_requests(*mask_inputs)
-    flags = flag_rows(block_table.shape[0], block_table.device)
-    flags[MOVED] = misplaced_requests(block_table, block_origin, seq_lens, block_size)
-    flags[HIDDEN] = requests_with_hidden(hidden_blocks, seq_lens, block_size)
-    flags[MASKED] = requests_with_masks(*mask_inputs)
-    flags[COMPACTABLE] = compactable
+    masked = requests_with_masks(*mask_inputs)
+    hidden = requests_with_hidden(hidden_blocks, seq_lens, block_size)
     cols = torch.arange(block_table.shape[1], device=block_table.device)
     in_request = cols[None, :] * block_size < seq_lens[:, None]
+    key_shift = key_shifts(block_table, block_origin, block_size)
+    query_shift = None
+    if unread is not None:
+        head, tail = unread
+        shifts = compact_shifts_per_block(block_table, block_kind, head, tail, window_starts, seq_lens, block_size)
+        key_shift = key_shift - shifts
+        bt = block_table.long()
+        unread_keys = (((head[bt] > 0) | (tail[bt] > 0)) & in_request).any(dim=1)
+        shifted = unread_keys | ((shifts != 0) & in_request).any(dim=1)
+        hidden, masked = hidden | unread_keys, masked | shifted
+        compactable = compactable & ~shifted
+        query_shift = _query_rows_shift(shifts, query_start_loc, seq_lens, block_size, num_tokens)
+    flags = flag_rows(block_table.shape[0], block_table.device)
+    flags[MOVED] = ((key_shift != 0) & in_request).any(dim=1)
+    flags[HIDDEN] = hidden
+    flags[MASKED] = masked
+    flags[COMPACTABLE] = compactable
     kept = in_request & ~(hidden_blocks & compactable[:, None])
     kept_rank = torch.where(kept, torch.cumsum(kept, dim=1) - 1, -1).to(torch.int32)
     kept_len = (seq_lens - block_size * (in_request & ~kept).sum(dim=1)).to(torch.int32)
-    return StepTensors(window_starts, flags, kept_len, kept_rank)
+    return StepTensors(window_starts, flags, kept_len, kept_rank, key_shift.to(torch.int32), query_shift)
+
+
+def _query_rows_shift(
+    shifts: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_size: int, num_tokens: int
+) -> torch.Tensor:
+    """``(num_tokens,)`` int32: the compact shift of each query row's block (0 for padding rows)."""
+    out = torch.zeros(num_tokens, dtype=torch.int32, device=shifts.device)
+    starts = query_start_loc.tolist()
+    for r, seq_len in enumerate(seq_lens.tolist()):
+        begin, end = starts[r], min(starts[r + 1], num_tokens)
+        positions = torch.arange(seq_len - (starts[r + 1] - begin), seq_len, device=shifts.device)[: end - begin]
+        out[begin:end] = shifts[r, positions // block_size]
+    return out
 
 
 def flag_rows(num_reqs: int, device: torch.device) -> torch.Tensor:
@@ -105,17 +144,123 @@ def _max(a, b):
     return tl.maximum(a, b)
 
 
-@triton.jit(do_not_specialize=["num_blocks", "stride_flags", "stride_btr"])
+@triton.jit
+def _lowest_block(blk_a, own_a, window_a, blk_b, own_b, window_b):
+    """Combine of a scan keeping the lowest block and its values."""
+    a = blk_a <= blk_b
+    return tl.where(a, blk_a, blk_b), tl.where(a, own_a, own_b), tl.where(a, window_a, window_b)
+
+
+@triton.jit
+def _highest_block(blk_a, value_a, blk_b, value_b):
+    """Combine of a scan keeping the highest block and its value."""
+    b = blk_b >= blk_a
+    return tl.where(b, blk_b, blk_a), tl.where(b, value_b, value_a)
+
+
+@triton.jit
+def _at(x, blk, at):
+    """``x``'s value at block ``at`` of the chunk (0 if none)."""
+    return tl.sum(tl.where(blk == at, x, 0), 0)
+
+
+@triton.jit
+def _read_tokens(blk, valid, phys, kind, seq_len, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr):
+    """Per block: its unread head and tail records and its read tokens, the present slots
+    between them (none in a hidden block: `compact_shifts_per_block`)."""
+    head = tl.load(unread_head_ptr + phys, mask=valid, other=0)
+    tail = tl.load(unread_tail_ptr + phys, mask=valid, other=0)
+    present = tl.minimum(tl.maximum(seq_len - blk * KV_BLOCK_SIZE, 0), KV_BLOCK_SIZE)
+    read = tl.maximum(tl.minimum(present, KV_BLOCK_SIZE - tail) - head, 0)
+    return head, tail, tl.where(valid & (kind != _HSEP), read, 0)
+
+
+@triton.jit
+def _read_ahead(look, num_blocks, read_before, row_ptr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr,
+                seq_len, KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr):
+    """The first block from ``look`` on with read tokens, unless a marker block comes first
+    (``num_blocks`` then), and its own shift (``read_before``: the read tokens before ``look``):
+    where a span open at a chunk's end takes its shift from. Walks on only while neither shows."""
+    found = num_blocks + look * 0
+    own = read_before * 0
+    while look < num_blocks:
+        blk = look + tl.arange(0, CHUNK)
+        valid = blk < num_blocks
+        phys = tl.load(row_ptr + blk * stride_btb, mask=valid, other=0).to(tl.int64)
+        kind = tl.load(block_kind_ptr + phys, mask=valid, other=0).to(tl.int32)
+        head, _, read = _read_tokens(blk, valid, phys, kind, seq_len, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE)
+        stop = tl.min(tl.where(valid & ((read > 0) | (kind != 0)), blk, num_blocks), 0)
+        plain = (stop < num_blocks) & (_at(kind, blk, stop) == 0)
+        found = tl.where(plain, stop, found)
+        own = tl.where(plain, stop * KV_BLOCK_SIZE + _at(head, blk, stop) - read_before, own)
+        look = tl.where(stop < num_blocks, num_blocks, look + CHUNK)
+    return found, own
+
+
+@triton.jit
+def _compact_shifts(start, blk, valid, phys, kind, window, seq_len, num_blocks, read_before, span_shift, row_ptr,
+                    stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr,
+                    CHUNK: tl.constexpr):
+    """The compact shift of each block of the chunk from ``start`` (`compact_shifts_per_block`),
+    whether it has unread slots, and what the next chunk carries in: the read tokens before it
+    and the shift of the span open at its start (``read_before`` and ``span_shift``: this chunk's).
+
+    Outside spans a block's shift is its *own*: its index less the compact position of its
+    first read token. A span block takes the own shift of its span's first block with read
+    tokens (its opener's if none): a reverse scan finds each block's next read block, a
+    forward scan carries each opener's value to its span, and a span opened in the chunk with
+    no read block in it by the chunk's end reads ahead (`_read_ahead`)."""
+    head, tail, read = _read_tokens(blk, valid, phys, kind, seq_len, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE)
+    own = blk * KV_BLOCK_SIZE + head - (read_before + tl.cumsum(read, 0) - read)
+    read_before += tl.sum(read, 0)
+    last = start + CHUNK - 1
+    last_window = _at(window, blk, last)
+    read_in_last_span = tl.max(((read > 0) & (window == last_window)).to(tl.int32), 0)
+    opened_here = (last_window >= start * KV_BLOCK_SIZE) & (read_in_last_span == 0) & (last < num_blocks)
+    ahead, ahead_own = _read_ahead(tl.where(opened_here, last + 1, num_blocks), num_blocks, read_before, row_ptr,
+                                   stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr, seq_len,
+                                   KV_BLOCK_SIZE, CHUNK)  # fmt: skip
+    nxt, nxt_own, nxt_window = tl.associative_scan(
+        (tl.where(read > 0, blk, num_blocks), own, window), 0, _lowest_block, reverse=True)
+    beyond = nxt == num_blocks  # none in the chunk: the one ahead (its window the last block's)
+    nxt_own = tl.where(beyond, ahead_own, nxt_own)
+    nxt_window = tl.where(beyond, last_window, nxt_window)
+    nxt = tl.where(beyond, ahead, nxt)
+    # A block's shift if it opens a span: its next read block's, if in the same span.
+    as_opener = tl.where((nxt < num_blocks) & (nxt_window == window), nxt_own, own)
+    opener, opened = tl.associative_scan((tl.where(valid & (kind != 0), blk, -1), as_opener), 0, _highest_block)
+    shift = tl.where(window < 0, own, tl.where(opener >= 0, opened, span_shift))
+    return shift, (head > 0) | (tail > 0), read_before, _at(shift, blk, last)
+
+
+@triton.jit
+def _store_query_shifts(query_shift_ptr, shift, start, blk, valid, q_begin, q_len, seq_len, num_tokens,
+                        KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr):
+    """Each query row of the request in the chunk's blocks (below ``num_tokens``) gets its block's
+    shift: one store per slot of the blocks, so registers stay one chunk wide at any block size,
+    and none in a chunk without query rows (most of a decode's)."""
+    ctx_len = seq_len - q_len
+    if ((start + CHUNK) * KV_BLOCK_SIZE > ctx_len) & (start * KV_BLOCK_SIZE < seq_len):
+        for slot in range(KV_BLOCK_SIZE):
+            pos = blk * KV_BLOCK_SIZE + slot
+            row = q_begin + pos - ctx_len
+            tl.store(query_shift_ptr + row, shift, mask=valid & (pos >= ctx_len) & (pos < seq_len) & (row < num_tokens))
+
+
+@triton.jit(do_not_specialize=["num_blocks", "num_tokens", "stride_flags", "stride_btr"])
 def _derive_step_kernel(
-    window_starts_ptr, flags_ptr, kept_len_ptr, kept_rank_ptr,
-    block_table_ptr, block_kind_ptr, block_origin_ptr, query_start_loc_ptr, seq_lens_ptr,
-    num_blocks, stride_flags, stride_btr, stride_btb,
+    window_starts_ptr, flags_ptr, kept_len_ptr, kept_rank_ptr, key_shift_ptr, query_shift_ptr,
+    block_table_ptr, block_kind_ptr, block_origin_ptr, unread_head_ptr, unread_tail_ptr, query_start_loc_ptr,
+    seq_lens_ptr, num_blocks, num_tokens, stride_flags, stride_btr, stride_btb,
     KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr,
+    COMPACT: tl.constexpr,  # the compact reading: shifts from the unread records, ``query_shift`` written
 ):  # fmt: skip
-    """Program r: request r's row of every output (`derive_step_tensors_reference`)."""
+    """Program r: request r's row of every output (`derive_step_tensors_reference`); the last
+    program also zeroes the compact reading's padding query rows."""
     req = tl.program_id(0)
     seq_len = tl.load(seq_lens_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - tl.load(query_start_loc_ptr + req)
+    q_begin = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
     first_row_block = (seq_len - q_len) // KV_BLOCK_SIZE
     last_row_block = tl.where(seq_len > 0, (seq_len - 1) // KV_BLOCK_SIZE, -1)
     row_ptr = block_table_ptr + req.to(tl.int64) * stride_btr
@@ -127,6 +272,10 @@ def _derive_step_kernel(
     hidden_in_request = tl.full((), 0, tl.int32)
     masked = tl.full((), 0, tl.int32)
     span_rows = tl.full((), 0, tl.int32)
+    read_before = tl.full((), 0, tl.int32)  # compact: read tokens before the chunk
+    span_shift = tl.full((), 0, tl.int32)  # compact: the shift of the span open at the chunk's start
+    unread_keys = tl.full((), 0, tl.int32)
+    shifted = tl.full((), 0, tl.int32)  # compact: unread keys or a shift among the request's blocks
     for start in range(0, num_blocks, CHUNK):
         blk = start + tl.arange(0, CHUNK)
         valid = blk < num_blocks
@@ -141,17 +290,37 @@ def _derive_step_kernel(
         in_span = (marker >= 0) & ((marker_kind == _SSEP) | (marker_kind == _HSEP))
         window = tl.where(in_span, (marker >> 2) * KV_BLOCK_SIZE, _OUTSIDE_SPANS)
         tl.store(window_starts_ptr + out_row + blk, window, mask=valid)
+        key_shift = (blk - origin) * KV_BLOCK_SIZE
+        if COMPACT:
+            shift, has_unread, read_before, span_shift = _compact_shifts(
+                start, blk, valid, phys, kind, window, seq_len, num_blocks, read_before, span_shift, row_ptr,
+                stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE, CHUNK,
+            )  # fmt: skip
+            key_shift -= shift
+            unread_keys = tl.maximum(unread_keys, tl.max((in_request & has_unread).to(tl.int32), 0))
+            shifted = tl.maximum(shifted, tl.max((in_request & (shift != 0)).to(tl.int32), 0))
+            _store_query_shifts(query_shift_ptr, shift, start, blk, valid, q_begin, q_len, seq_len, num_tokens,
+                                KV_BLOCK_SIZE, CHUNK)  # fmt: skip
+        tl.store(key_shift_ptr + out_row + blk, key_shift, mask=valid)
         is_hidden = (valid & (kind == _HSEP)).to(tl.int32)
         hidden_before = tl.maximum(tl.associative_scan(is_hidden, 0, _max), hidden_seen) > 0
         hidden_seen = tl.maximum(hidden_seen, tl.max(is_hidden, 0))
         rows = valid & (blk >= first_row_block) & (blk <= last_row_block)
-        moved = tl.maximum(moved, tl.max((in_request & (origin != blk)).to(tl.int32), 0))
+        moved = tl.maximum(moved, tl.max((in_request & (key_shift != 0)).to(tl.int32), 0))
         hidden = tl.maximum(hidden, tl.max((in_request & (is_hidden > 0)).to(tl.int32), 0))
         hidden_in_request += tl.sum((in_request & (is_hidden > 0)).to(tl.int32), 0)
         row_masked = (window > 0) | ((window < 0) & hidden_before)
         masked = tl.maximum(masked, tl.max((rows & row_masked).to(tl.int32), 0))
         span_rows = tl.maximum(span_rows, tl.max((rows & (window >= 0)).to(tl.int32), 0))
-    compactable = masked * (1 - span_rows)
+    if COMPACT:
+        hidden = tl.maximum(hidden, unread_keys)
+        shifted = tl.maximum(shifted, unread_keys)
+        if req == tl.num_programs(0) - 1:  # padding rows after the last request's: no shift
+            for pad_start in range(tl.load(query_start_loc_ptr + req + 1), num_tokens, CHUNK):
+                pad = pad_start + tl.arange(0, CHUNK)
+                tl.store(query_shift_ptr + pad, tl.zeros([CHUNK], tl.int32), mask=pad < num_tokens)
+    compactable = masked * (1 - span_rows) * (1 - shifted)
+    masked = tl.maximum(masked, shifted)
     tl.store(flags_ptr + 0 * stride_flags + req, moved.to(tl.int8))
     tl.store(flags_ptr + 1 * stride_flags + req, hidden.to(tl.int8))
     tl.store(flags_ptr + 2 * stride_flags + req, masked.to(tl.int8))
@@ -178,18 +347,26 @@ def derive_step_tensors(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     block_size: int,
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None,
+    num_tokens: int = 0,
 ) -> StepTensors:
     """`derive_step_tensors_reference` in one launch, no host sync (graph-safe)."""
     num_reqs, num_blocks = block_table.shape
     device = block_table.device
     window_starts = torch.empty(num_reqs, num_blocks, dtype=torch.int32, device=device)
     kept_rank = torch.empty(num_reqs, num_blocks, dtype=torch.int32, device=device)
+    key_shift = torch.empty(num_reqs, num_blocks, dtype=torch.int32, device=device)
     flags = flag_rows(num_reqs, device)
     kept_len = torch.empty(num_reqs, dtype=torch.int32, device=device)
+    query_shift = None
+    if unread is not None:  # written by the kernel, padding rows included (all of them without requests)
+        query_shift = (torch.empty if num_reqs else torch.zeros)(num_tokens, dtype=torch.int32, device=device)
+    head, tail = unread if unread is not None else (block_origin, block_origin)  # read only in the compact reading
     if num_reqs:
         _derive_step_kernel[(num_reqs,)](
-            window_starts, flags, kept_len, kept_rank, block_table, block_kind, block_origin, query_start_loc,
-            seq_lens, num_blocks, flags.stride(0), *block_table.stride(), KV_BLOCK_SIZE=block_size, CHUNK=_CHUNK,
-            num_warps=4,
+            window_starts, flags, kept_len, kept_rank, key_shift, query_shift if query_shift is not None else key_shift,
+            block_table, block_kind, block_origin, head, tail, query_start_loc, seq_lens, num_blocks, num_tokens,
+            flags.stride(0), *block_table.stride(), KV_BLOCK_SIZE=block_size, CHUNK=_CHUNK,
+            COMPACT=unread is not None, num_warps=4,
         )  # fmt: skip
-    return StepTensors(window_starts, flags, kept_len, kept_rank)
+    return StepTensors(window_starts, flags, kept_len, kept_rank, key_shift, query_shift)

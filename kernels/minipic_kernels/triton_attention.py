@@ -4,13 +4,14 @@ The cache holds keys as the model rotated them where they were computed; each ph
 block records that place (`block_origins`). A request whose blocks all sit at their origin
 streams K/V as they are (one dot over the whole head, as a stock kernel); a request
 reading a cached span elsewhere is taken by a second compiled variant (``MOVE``) whose loop
-rotates each key tile in registers by its blocks' shifts, from ``cos_sin`` (a pure
-rotation, one table row per block). `launch` launches both variants, each skipping the
-other's requests: compiled into one kernel, the moved loop slowed the plain one by 25-30%
-(docs/benchmarks.md, section 2). Where the whole head rotates (Llama, Qwen: fixed per
-model, ``PAIR_HALVES``) the moved loop loads each key tile as its two rotary-pair halves
-and scores them half by half, so each key lane is read once; with partial rotary it
-gathers each lane's rotary partner a second time.
+rotates each key tile in registers by its blocks' shifts (`StepTensors.key_shift`, derived
+once per step: the distance from the origin, less the compact shift in the compact reading),
+from ``cos_sin`` (a pure rotation, one table row per block). `launch` launches both
+variants, each skipping the other's requests: compiled into one kernel, the moved loop
+slowed the plain one by 25-30% (docs/benchmarks.md, section 2). Where the whole head
+rotates (Llama, Qwen: fixed per model, ``PAIR_HALVES``) the moved loop loads each key tile
+as its two rotary-pair halves and scores them half by half, so each key lane is read once;
+with partial rotary it gathers each lane's rotary partner a second time.
 
 Two entry points share one body (`_attend_rows`, around one inner loop, `_attend_keys`);
 `launch` picks one:
@@ -32,7 +33,10 @@ kind record of each KV block of the tile (`block_kinds.visible`), so hiding adds
 compiled variant: decode and tiles honour it alike. Only requests flagged as having a
 hidden block among their keys (`block_kinds.requests_with_hidden`, made once per step)
 load those records, behind a branch uniform over the program: paid by every request, that
-dependent load slowed decode by 8-13% of FA3's time (docs/benchmarks.md, "Latest").
+dependent load slowed decode by 8-13% of FA3's time (docs/benchmarks.md, "Latest"). In the
+compact reading (``UNREAD``, a compiled variant per server) the same branch, taken by the
+requests with unread keys too (`StepTensors.hidden`), loads each block's unread head and
+tail and masks those keys for every row but their own.
 
 ``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
 place, which only the benchmarks' no-rotation baseline and its interpreter test use.
@@ -131,15 +135,21 @@ def _per_key(x, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr, WIDTH: tl.co
 
 
 @triton.jit
-def _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr, stride_cs, column, col_ok,
-                ROT_HALF: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+def _tile_shifts(n0, seq_len, shift_row_ptr, stride_ksb, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                 TILE_ROWS: tl.constexpr):
+    """The shift of each KV block of the key tile from ``n0`` (its entry in the request's row of
+    `StepTensors.key_shift`; 0 past the request's keys): one load, no block-table load before it."""
+    first = n0 + tl.arange(0, TILE_BLOCKS) * TILE_ROWS
+    return tl.load(shift_row_ptr + (first // KV_BLOCK_SIZE) * stride_ksb, mask=first < seq_len, other=0)
+
+
+@triton.jit
+def _key_angles(shift, cos_sin_ptr, stride_cs, column, col_ok, ROT_HALF: tl.constexpr, TILE_BLOCKS: tl.constexpr,
                 TILE_ROWS: tl.constexpr, WIDTH: tl.constexpr):
-    """cos and sin of each key's shift (its block's distance from its origin, 0 at origin) at
-    the table columns ``column`` (``WIDTH`` of them; masked columns: cos 1, sin 0),
-    ``[BLOCK_N, WIDTH]`` in the table's dtype: one table row per block of the tile, broadcast
-    to its keys. The table holds positive shifts; a negative one negates the sine."""
-    logical, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
-    shift = tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
+    """cos and sin of each key's shift (``shift``: one per block of the tile) at the table columns
+    ``column`` (``WIDTH`` of them; masked columns: cos 1, sin 0), ``[BLOCK_N, WIDTH]`` in the
+    table's dtype: one table row per block of the tile, broadcast to its keys. The table holds
+    positive shifts; a negative one negates the sine."""
     table = cos_sin_ptr + tl.abs(shift)[:, None] * stride_cs + column[None, :]
     cos = tl.load(table, mask=col_ok[None, :], other=1.0)
     sin = tl.load(table + ROT_HALF, mask=col_ok[None, :], other=0.0)
@@ -148,27 +158,36 @@ def _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_p
 
 
 @triton.jit
-def _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr,
-                stride_cs, column, partner, sign, rotates, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
-                KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                TILE_ROWS: tl.constexpr):
+def _rotated_keys(k, k_rows, stride_kd, key_ok, shift, cos_sin_ptr, stride_cs, column, partner, sign, rotates,
+                  HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr):
     """A key tile's rows (``k``, loaded from ``k_rows``) rotated by their block's shift, any
     rotary layout (`_rotary_lanes`): each lane's partner is gathered a second time. fp32
     math, ``k``'s dtype out."""
-    cos, sin = _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr, stride_cs, column,
-                           rotates, ROT_HALF, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS, HEAD_P)  # fmt: skip
+    cos, sin = _key_angles(shift, cos_sin_ptr, stride_cs, column, rotates, ROT_HALF, TILE_BLOCKS, TILE_ROWS, HEAD_P)
     other = tl.load(k_rows[:, None] + partner[None, :] * stride_kd, mask=key_ok[:, None] & rotates[None, :], other=0.0)
     return (k.to(tl.float32) * cos + other.to(tl.float32) * (sin * sign[None, :])).to(k.dtype)
 
 
 @triton.jit
-def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb,
-                 block_origin_ptr, cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr,
-                 ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
-                 KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+def _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr,
+                stride_cs, column, partner, sign, rotates, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
+                KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                TILE_ROWS: tl.constexpr):
+    """`_rotated_keys` by each block's distance from its origin, for the scratch-page pre-pass
+    (`rotary_pages`): the requests it takes read no compact shift (`attention.StepPlan.routed`)."""
+    logical, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
+    shift = tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
+    return _rotated_keys(k, k_rows, stride_kd, key_ok, shift, cos_sin_ptr, stride_cs, column, partner, sign, rotates,
+                         HEAD_P, ROT_HALF, TILE_BLOCKS, TILE_ROWS)  # fmt: skip
+
+
+@triton.jit
+def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, shift_row_ptr, stride_ksb,
+                 cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
+                 IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
+                 TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Scores ``q . k`` of one key tile (fp32), with ``MOVE`` each key rotated by its block's
-    shift first (the cache's dtype into the dot).
+    shift first (`_tile_shifts`; the cache's dtype into the dot).
 
     ``PAIR_HALVES`` (``MOVE`` where the whole head rotates: Llama, Qwen): the tile is loaded
     as its two pair halves (`_pair_lanes`), each lane once, rotated pair by pair in the table's
@@ -183,9 +202,9 @@ def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, b
     if PAIR_HALVES:
         first, second = _pair_lanes(ROT_HALF, IS_NEOX)
         every = first < HEAD_P
-        cos, sin = _key_angles(n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr, stride_cs,
-                               tl.arange(0, ROT_HALF), every, ROT_HALF, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS,
-                               ROT_HALF)  # fmt: skip
+        shift = _tile_shifts(n0, seq_len, shift_row_ptr, stride_ksb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
+        cos, sin = _key_angles(shift, cos_sin_ptr, stride_cs, tl.arange(0, ROT_HALF), every, ROT_HALF, TILE_BLOCKS,
+                               TILE_ROWS, ROT_HALF)  # fmt: skip
         a = _load_rows(k_rows, first, stride_kd, key_ok, every)
         b = _load_rows(k_rows, second, stride_kd, key_ok, every)
         k_first = (a * cos - b * sin).to(a.dtype)
@@ -197,42 +216,58 @@ def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, b
         k = _load_rows(k_rows, offs_d, stride_kd, key_ok, offs_d < HEAD)
         if MOVE:
             column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
-            k = _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr,
-                            cos_sin_ptr, stride_cs, column, partner, sign, rotates, HEAD_P, ROT_HALF,
-                            KV_BLOCK_SIZE, TILE_BLOCKS * TILE_ROWS, TILE_BLOCKS, TILE_ROWS)  # fmt: skip
+            shift = _tile_shifts(n0, seq_len, shift_row_ptr, stride_ksb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
+            k = _rotated_keys(k, k_rows, stride_kd, key_ok, shift, cos_sin_ptr, stride_cs, column, partner, sign,
+                              rotates, HEAD_P, ROT_HALF, TILE_BLOCKS, TILE_ROWS)  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     return qk
 
 
 @triton.jit
-def _shown_keys(n0, offs_n, seq_len, win_start, bt_row_ptr, stride_btb, block_kind_ptr, KV_BLOCK_SIZE: tl.constexpr,
-                TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr):
-    """``[rows, BLOCK_N]``: whether hiding lets each row see each key of the tile
-    (`block_kinds.visible`): a hidden block's keys only by the rows of the span it opens.
-    One kind load per KV block of the tile, broadcast to its keys."""
+def _per_key_record(record_ptr, phys, ok, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr):
+    """A per-block record (``record_ptr[phys]``, 0 where not ``ok``) for each key of the tile: ``[BLOCK_N]``."""
+    values = tl.load(record_ptr + phys, mask=ok, other=0)
+    return tl.reshape(_per_key(values[:, None], TILE_BLOCKS, TILE_ROWS, 1), [TILE_BLOCKS * TILE_ROWS])
+
+
+@triton.jit
+def _shown_keys(n0, offs_n, seq_len, q_pos, win_start, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr,
+                unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
+                UNREAD: tl.constexpr):
+    """``[rows, BLOCK_N]``: whether the block records let each row see each key of the tile
+    (`block_kinds.visible`): a hidden block's keys only by the rows of the span it opens; with
+    ``UNREAD`` (the compact reading) an unread key (`compact_shifts.read_keys`) only by its own
+    row. One load per record and KV block of the tile, broadcast to its keys."""
     _, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
-    kinds = tl.load(block_kind_ptr + phys, mask=ok, other=0)
-    kinds = tl.reshape(_per_key(kinds[:, None], TILE_BLOCKS, TILE_ROWS, 1), [TILE_BLOCKS * TILE_ROWS])
+    kinds = _per_key_record(block_kind_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
     own_head = (offs_n - offs_n % KV_BLOCK_SIZE)[None, :] == win_start[:, None]
-    return (kinds != _HIDDEN_KIND)[None, :] | own_head
+    shown = (kinds != _HIDDEN_KIND)[None, :] | own_head
+    if UNREAD:
+        slot = offs_n % KV_BLOCK_SIZE
+        head = _per_key_record(unread_head_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
+        tail = _per_key_record(unread_tail_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
+        read = (slot >= head) & (slot < KV_BLOCK_SIZE - tail)
+        shown = shown & (read[None, :] | (offs_n[None, :] == q_pos[:, None]))
+    return shown
 
 
 @triton.jit
 def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
-                 has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, block_origin_ptr, k_head_ptr, v_head_ptr,
-                 stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs,
-                 HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr,
-                 MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 TILE_BLOCKS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr, shift_row_ptr,
+                 stride_ksb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+                 cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
+                 IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, UNREAD: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
     """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``, each row
     masked by `block_kinds.visible` (causal, its window, hidden blocks other than its own
-    span's head); with ``MOVE`` (a request reading some block away from its origin) each
-    key tile is first rotated by its blocks' shifts (`_tile_scores`).
+    span's head) and, with ``UNREAD``, unread keys other than its own; with ``MOVE`` (a request
+    reading some block shifted) each key tile is first rotated by its blocks' shifts (`_tile_scores`).
 
-    The hidden mask costs a block-kind load per KV block of each tile, after the block-table
-    load it depends on; ``has_hidden`` (the request's flag, `block_kinds.requests_with_hidden`)
-    skips it, a branch uniform over the program, for the requests (nearly all) without a
-    hidden block among their keys.
+    The record mask costs a record load per KV block of each tile, after the block-table
+    load it depends on; ``has_hidden`` (the request's flag, `StepTensors.hidden`) skips it, a
+    branch uniform over the program, for the requests (nearly all) without a hidden block or
+    unread key among their keys.
     """
     offs_j = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_P)
@@ -243,13 +278,14 @@ def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, 
         phys = tl.load(bt_row_ptr + (offs_n // KV_BLOCK_SIZE) * stride_btb, mask=key_ok, other=0)
         k_rows = k_head_ptr + phys.to(tl.int64) * stride_kb + (offs_n % KV_BLOCK_SIZE) * stride_ks
         v_rows = v_head_ptr + phys.to(tl.int64) * stride_vb + (offs_n % KV_BLOCK_SIZE) * stride_vs
-        qk = _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb,
-                          block_origin_ptr, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE,
-                          PAIR_HALVES, KV_BLOCK_SIZE, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, DOT_PRECISION)  # fmt: skip
+        qk = _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, shift_row_ptr, stride_ksb,
+                          cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE,
+                          TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, DOT_PRECISION)  # fmt: skip
         allowed = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None])
         if has_hidden:
-            allowed = allowed & _shown_keys(n0, offs_n, seq_len, win_start, bt_row_ptr, stride_btb, block_kind_ptr,
-                                            KV_BLOCK_SIZE, TILE_BLOCKS, BLOCK_N // TILE_BLOCKS)  # fmt: skip
+            allowed = allowed & _shown_keys(n0, offs_n, seq_len, q_pos, win_start, bt_row_ptr, stride_btb,
+                                            block_kind_ptr, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE,
+                                            TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, UNREAD)  # fmt: skip
         qk = tl.where(allowed, qk, float("-inf"))
         # Base-2 online softmax; the scale is folded into one multiply per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -280,16 +316,16 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
 
 @triton.jit
 def _attend_rows(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
-    window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile, q_begin, q_len, kv_head, split,
-    qk_scale, num_splits,
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
+    req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile, q_begin, q_len,
+    kv_head, split, qk_scale, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
-    USE_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UNREAD: tl.constexpr, USE_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The body both entry points share: query tile ``tile`` of request ``req`` against one
     kv head's keys (split ``split`` of ``num_splits``; with ``USE_SPLITS``, decode only, a
@@ -330,10 +366,11 @@ def _attend_rows(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, has_hidden,
-        block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_kind_ptr, block_origin_ptr,
-        k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs,
-        stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N,
-        TILE_BLOCKS, DOT_PRECISION,
+        block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr,
+        key_shift_ptr + req.to(tl.int64) * stride_ksr, stride_ksb, k_ptr + kv_head * stride_kh,
+        v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr,
+        stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, UNREAD,
+        DOT_PRECISION,
     )  # fmt: skip
 
     if USE_SPLITS:
@@ -355,14 +392,14 @@ def _other_variant(req_moved_ptr, req, ROT_HALF: tl.constexpr, MOVE: tl.constexp
     return False
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr"])
+@triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr", "stride_ksr"])
 def _decode_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, req_hidden_ptr,
-    query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr,
-    qk_scale, num_reqs, num_splits,
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
+    req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr,
+    part_ml_ptr, qk_scale, num_reqs, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
     HEAD: tl.constexpr,  # head size
     HEAD_P: tl.constexpr,  # head size rounded up to a power of two
     ROT_HALF: tl.constexpr,  # rotary_dim // 2; 0 when keys are already where they are read
@@ -374,8 +411,9 @@ def _decode_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,  # keys per tile
     TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
-    MOVE: tl.constexpr,  # this launch takes the requests reading a block away from its origin
+    MOVE: tl.constexpr,  # this launch takes the requests reading some block shifted (`StepTensors.moved`)
     PAIR_HALVES: tl.constexpr,  # MOVE with the whole head rotating: keys by pair halves (`_tile_scores`)
+    UNREAD: tl.constexpr,  # the compact reading: flagged requests mask unread keys too (`_shown_keys`)
     USE_SPLITS: tl.constexpr,  # write partial softmax states for _merge_splits_kernel
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -391,28 +429,29 @@ def _decode_kernel(
     if _other_variant(req_moved_ptr, req, ROT_HALF, MOVE):
         return
     _attend_rows(
-        out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
-        window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, 0, q_begin, q_len, kv_head, split, qk_scale,
-        num_splits,
+        out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
+        req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, 0, q_begin, q_len,
+        kv_head, split, qk_scale, num_splits,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-        stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+        stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
         HEAD, HEAD_P, ROT_HALF, IS_NEOX, GROUP, GROUP_P, KV_BLOCK_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N, TILE_BLOCKS, MOVE,
-        PAIR_HALVES, USE_SPLITS, DOT_PRECISION,
+        PAIR_HALVES, UNREAD, USE_SPLITS, DOT_PRECISION,
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["num_reqs", "stride_btr", "stride_wsr"])
+@triton.jit(do_not_specialize=["num_reqs", "stride_btr", "stride_wsr", "stride_ksr"])
 def _prefill_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_moved_ptr, req_hidden_ptr,
-    query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, req_flags_ptr,
+    out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
+    req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, req_flags_ptr,
     qk_scale, num_reqs,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+    stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
+    UNREAD: tl.constexpr,  # the compact reading (`_decode_kernel`)
     SKIP_QLEN_LE: tl.constexpr,  # requests with q_len <= this belong to the decode launch
     USE_FLAGS: tl.constexpr,  # only requests whose flag is set
     DOT_PRECISION: tl.constexpr,
@@ -433,13 +472,14 @@ def _prefill_kernel(
     if _other_variant(req_moved_ptr, req, ROT_HALF, MOVE):
         return
     _attend_rows(
-        out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, block_origin_ptr, req_hidden_ptr, seq_lens_ptr,
-        window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile, q_begin, q_len, kv_head, 0, qk_scale, 1,
+        out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
+        req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile, q_begin, q_len,
+        kv_head, 0, qk_scale, 1,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-        stride_btr, stride_btb, stride_wsr, stride_wsb, stride_cs,
+        stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
         HEAD, HEAD_P, ROT_HALF, IS_NEOX, GROUP, GROUP_P, KV_BLOCK_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N, TILE_BLOCKS, MOVE,
-        PAIR_HALVES, False, DOT_PRECISION,
+        PAIR_HALVES, UNREAD, False, DOT_PRECISION,
     )  # fmt: skip
 
 
@@ -584,9 +624,10 @@ class TileLaunch:
     value_cache: torch.Tensor
     block_table: torch.Tensor
     block_kind: torch.Tensor  # per physical block: `BlockKind` (hidden blocks are masked)
-    block_origin: torch.Tensor
-    moved: torch.Tensor  # per request: reads a block away from its origin (`block_origins.misplaced_requests`)
-    hidden: torch.Tensor  # per request: a hidden block among its keys (`block_kinds.requests_with_hidden`)
+    block_origin: torch.Tensor  # per physical block (the scratch-page pre-pass moves keys by it)
+    key_shift: torch.Tensor  # per request and logical block: how far its keys move (`StepTensors.key_shift`)
+    moved: torch.Tensor  # per request: some block's keys move (`StepTensors.moved`)
+    hidden: torch.Tensor  # per request: keys its rows may skip by their records (`StepTensors.hidden`)
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     window_starts: torch.Tensor
@@ -595,6 +636,8 @@ class TileLaunch:
     is_neox: bool
     scale: float
     max_seq_len: int  # upper bound on any request's keys
+    # the compact reading's (unread_head, unread_tail) per physical block (`compact_shifts`): None outside it
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def launch(
@@ -641,13 +684,16 @@ def launch(
         part_ml = torch.empty(slots * 2 * block_m, dtype=torch.float32, device=query.device)
     else:
         part_acc = part_ml = out  # never touched
-    head_args = (out, query, key_cache, work.value_cache, work.block_table, work.block_kind, work.block_origin,
-                 work.moved, work.hidden, work.query_start_loc, work.seq_lens, work.window_starts, work.cos_sin)
+    unread_head, unread_tail = work.unread or (work.block_kind, work.block_kind)  # loaded only with UNREAD
+    head_args = (out, query, key_cache, work.value_cache, work.block_table, work.block_kind, unread_head, unread_tail,
+                 work.key_shift, work.moved, work.hidden, work.query_start_loc, work.seq_lens, work.window_starts,
+                 work.cos_sin)
     strides = (*query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
-               *work.block_table.stride(), *work.window_starts.stride(), work.cos_sin.stride(0))
+               *work.block_table.stride(), *work.window_starts.stride(), *work.key_shift.stride(),
+               work.cos_sin.stride(0))
     shape = dict(HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
                  GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
-                 TILE_BLOCKS=max(1, cfg.block_n // block_size),
+                 TILE_BLOCKS=max(1, cfg.block_n // block_size), UNREAD=work.unread is not None,
                  DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
     for move in (False, True) if work.rotary_dim else (False,):

@@ -6,7 +6,9 @@ then `paged_rope_attention` picks among a fixed set of variants per layer shape:
 decode launch for single-token and multi-token decodes, each with and without key splits
 (plus their merge), the pre-pass moving keys into scratch pages, and the tile launch (the prefill a stock kernel
 cannot take, every prefill without one). `warm_up` runs one small batch per variant, with
-tensors strided exactly like vLLM's, so serving never waits for a compiler.
+tensors strided exactly like vLLM's, so serving never waits for a compiler. The compact
+reading compiles its own variants (the step derivation's and attention's), which
+``compact=True`` warms instead.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ def warm_up(
     paged_attention: PagedAttention | None,
     *,
     table_width: int = 64,
+    compact: bool = False,
 ) -> None:
     """Run every variant once on small random inputs (results are discarded).
 
     ``cos_sin`` stands in for the unit rotation table attention reads. ``table_width`` is the
     block-table width the server uses (its row stride is not specialised on, so any width
-    compiles the same kernels).
+    compiles the same kernels). ``compact``: the server's steps are in the compact reading.
     """
     device = cos_sin.device
     group = shape.num_q_heads // shape.num_kv_heads
@@ -63,9 +66,9 @@ def warm_up(
         [(50, limit)] * many,  # multi-token decode without splits
     ]
     for reqs in batches:
-        _run(shape, cos_sin, scale, paged_attention, reqs, 1 << 30, table_width, moved=2)
+        _run(shape, cos_sin, scale, paged_attention, reqs, 1 << 30, table_width, moved=2, compact=compact)
     # Over the scratch budget: the tile kernel takes the misplaced request.
-    _run(shape, cos_sin, scale, paged_attention, [(64, 40), (30, limit)], 0, table_width, moved=0)
+    _run(shape, cos_sin, scale, paged_attention, [(64, 40), (30, limit)], 0, table_width, moved=0, compact=compact)
 
 
 def _run(
@@ -78,9 +81,11 @@ def _run(
     table_width: int,
     *,
     moved: int,
+    compact: bool = False,
 ) -> None:
     """One step over fresh random tensors; request ``moved`` (if any) reads its first block
-    away from where it was computed."""
+    away from where it was computed. With ``compact``, in the compact reading, where the first
+    request's second block (if any) opens with an unread marker."""
     device, bs = cos_sin.device, shape.block_size
     hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_size
     blocks = [-(-seq // bs) for seq, _ in reqs]
@@ -119,9 +124,14 @@ def _run(
     write_shift[int(table[0, 0])] = 1
     write_kv(key, value, key_cache, value_cache, slots, write_shift, cos_sin, shape.rotary_dim, shape.is_neox)
     out = torch.empty(num_tokens, hq, d, device=device, dtype=shape.dtype)
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None
+    if compact:  # the server's records: int32 per physical block
+        head = torch.zeros(num_blocks, dtype=torch.int32, device=device)
+        head[int(table[0, 1])] = 1
+        unread = (head, torch.zeros_like(head))
     paged_rope_attention(
         query, key_cache, value_cache, table, qsl.to(device),
         torch.tensor([s for s, _ in reqs], dtype=torch.int32, device=device), kinds, origin, cos_sin,
         shape.rotary_dim, shape.is_neox, scale, out, paged_attention=paged_attention,
-        scratch_budget_bytes=scratch_budget_bytes,
+        scratch_budget_bytes=scratch_budget_bytes, unread=unread,
     )  # fmt: skip

@@ -60,5 +60,7 @@ def warm_up_attention(vllm_config: Any) -> None:
         done.add(shape)
         impl.ensure_paged_attention(shape.dtype)
         impl.pic_rope.unit_cos_sin_in(shape.dtype)  # the table attention reads, made before graph capture
-        warm_up(shape, impl.pic_rope.unit_cos_sin, impl.scale, impl.paged_attention, table_width=table_width)
+        compact = impl.pic_records is not None and impl.pic_records.compact
+        warm_up(shape, impl.pic_rope.unit_cos_sin, impl.scale, impl.paged_attention, table_width=table_width,
+                compact=compact)  # fmt: skip
     torch.cuda.synchronize()
