@@ -23,6 +23,9 @@ from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
 from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
 from minipic_protocol.markers import MarkerIds
 
+from server_api import Completion, complete, max_logprob_diff
+from servers import RunningServer
+
 BLOCK_SIZE = 16
 
 
@@ -187,3 +190,16 @@ class HFReference:
             ids.append(token)
             tokens.append(_Token(tokens[-1].segment, tokens[-1].first_key, False))  # continues the last segment
         return generated, tops
+
+
+LOGPROB_TOL = 1e-3  # served fp32 logprobs against the reference's
+
+
+def matches_reference(server: RunningServer, reference: HFReference, segments: list[Segment], **extra) -> Completion:
+    """The server's greedy completion of ``segments`` (``extra``: request fields) equals the
+    reference's, tokens and top logprobs; returns it for the caller's cache checks."""
+    result = complete(server, flatten(segments), **extra)
+    expected_ids, expected_tops = reference.greedy_top_logprobs(segments)
+    assert result.token_ids == expected_ids
+    assert max_logprob_diff(result.top_logprobs, expected_tops) < LOGPROB_TOL
+    return result

@@ -12,14 +12,23 @@ import pytest
 
 from minipic_client import BlockAttention, RagRequest, SpanClient
 
-from pic_reference import TINY, HFReference, Segment, dependent, flatten, random_tokens, segments_of, span, system
-from server_api import complete, max_logprob_diff, prefill
+from pic_reference import (
+    TINY,
+    HFReference,
+    dependent,
+    flatten,
+    matches_reference,
+    random_tokens,
+    segments_of,
+    span,
+    system,
+)
+from server_api import max_logprob_diff, prefill
 from servers import RunningServer, ServerPool, ServerSpec
 
 pytestmark = pytest.mark.server
 
 COMPACT = ServerSpec(extra_args=("--compact",))
-LOGPROB_TOL = 1e-3
 hidden_span, refreshed = TINY.hidden_span, TINY.refreshed
 
 
@@ -31,14 +40,6 @@ def compact_server(server_pool: ServerPool) -> RunningServer:
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir) -> HFReference:
     return HFReference(tiny_model_dir, compact=True)
-
-
-def matches_reference(server: RunningServer, reference: HFReference, segments: list[Segment], **extra):
-    result = complete(server, flatten(segments), **extra)
-    expected_ids, expected_tops = reference.greedy_top_logprobs(segments)
-    assert result.token_ids == expected_ids
-    assert max_logprob_diff(result.top_logprobs, expected_tops) < LOGPROB_TOL
-    return result
 
 
 def test_the_server_publishes_the_compact_reading(compact_server: RunningServer) -> None:

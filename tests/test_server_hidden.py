@@ -12,27 +12,18 @@ import pytest
 
 from minipic_client import HiddenSink, LeadInContext, RagRequest, RefreshedHeads, SpanClient
 
-from pic_reference import TINY, HFReference, Segment, dependent, flatten, random_tokens, segments_of, system
+from pic_reference import TINY, HFReference, dependent, flatten, matches_reference, random_tokens, segments_of, system
 from server_api import complete, max_logprob_diff, prefill
 from servers import RunningServer
 
 pytestmark = pytest.mark.server
 
-LOGPROB_TOL = 1e-3
 hidden_span, refreshed = TINY.hidden_span, TINY.refreshed
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path) -> HFReference:
     return HFReference(tiny_model_dir)
-
-
-def matches_reference(server: RunningServer, reference: HFReference, segments: list[Segment], **extra):
-    result = complete(server, flatten(segments), **extra)
-    expected_ids, expected_tops = reference.greedy_top_logprobs(segments)
-    assert result.token_ids == expected_ids
-    assert max_logprob_diff(result.top_logprobs, expected_tops) < LOGPROB_TOL
-    return result
 
 
 def test_the_server_publishes_hsep_and_never_samples_it(pic_server: RunningServer) -> None:
