@@ -14,7 +14,7 @@ position is then its index less one *shift* per logical block of the request:
   (a hidden head then overlaps the positions of the in-context copy before it).
 
 Attention rotates each query by minus its block's shift and each key by its block's move
-less its shift (`key_shifts_per_block`), and masks unread keys (`read_keys`).
+less its shift (`step_tensors.StepTensors.key_shift`), and masks unread keys (`read_keys`).
 """
 
 from __future__ import annotations
