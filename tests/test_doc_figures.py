@@ -2021,6 +2021,10 @@ def test_the_compact_reading_served_pairings_match_their_results() -> None:
     gained, lost, p = _cross_run_pairing(compact, plain, default)
     assert f"turns {gained} of the default's answers right and {lost} wrong (exact McNemar {p})" in text
     assert _cross_run_pairing(compact, plain, "full")[:2] == (0, 1)  # "the same in both but for one question"
+    summary = _result(compact)["families"]["single"]["summary"][default]
+    knob = " ".join((ROOT / "docs/accuracy.md").read_text().split("## Served: the compact reading")[0].split())
+    assert (f"the default answers {pct(summary['accuracy'])}% of the same questions "
+            f"({summary['vs_full']['difference'] * 100:+.1f} points against full attention") in knob  # fmt: skip
     gained, lost, p = _cross_run_pairing("accuracy-families-smollm2-cpu-ranked-compact.json.gz",
                                          "accuracy-families-smollm2-cpu-ranked.json.gz", default)
     assert f"right on {gained} questions only with `--compact` and {lost} only without ({p})" in text
