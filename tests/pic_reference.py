@@ -51,6 +51,11 @@ class Vocabulary:
     def markers(self) -> list[int]:
         return [m for m in (self.ssep, self.pdep, self.pad, self.hsep) if m is not None]
 
+    @property
+    def roles(self) -> MarkerIds:
+        """The markers by role, as the protocol's functions take them."""
+        return MarkerIds(self.ssep, self.pdep, self.pad, self.hsep)
+
     def padded(self, tokens: list[int]) -> list[int]:
         return tokens + [self.pad] * (-len(tokens) % BLOCK_SIZE)
 
@@ -125,7 +130,7 @@ def allowed(tokens: list[_Token]) -> torch.Tensor:
 
 def check_against_rule(segments: list[Segment], vocabulary: Vocabulary) -> None:
     ids = flatten(segments)
-    markers = (vocabulary.ssep, vocabulary.pdep, vocabulary.hsep)
+    markers = vocabulary.roles.kind_ids
     starts = torch.tensor(window_starts_of_prompt(ids, BLOCK_SIZE, *markers))
     hidden = torch.tensor(hidden_of_prompt(ids, BLOCK_SIZE, *markers))
     pos = torch.arange(len(ids))
@@ -158,8 +163,7 @@ class HFReference:
         seen = allowed(tokens)
         if not self.compact:
             return seen, torch.arange(len(ids))
-        v = self.vocabulary
-        markers = MarkerIds(v.ssep, v.pdep, v.pad, v.hsep)
+        markers = self.vocabulary.roles
         unread = torch.tensor(unread_of_prompt(ids, BLOCK_SIZE, markers))
         seen &= ~unread[None, :] | torch.eye(len(ids), dtype=torch.bool)
         return seen, torch.tensor(compact_positions_of_prompt(ids, BLOCK_SIZE, markers))
