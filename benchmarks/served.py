@@ -83,12 +83,13 @@ class Server:
     pic: bool
     max_num_seqs: int
     attention_backend: str | None = None
+    flags: tuple[str, ...] = ()  # the server's own flags, after the run's ``--server-arg``s
 
     def argv(self, model: str, tokenizer: str, port: int, extra: list[str]) -> list[str]:
         backend = ["--attention-backend", self.attention_backend] if self.attention_backend else []
         flags = [
             "--tokenizer", tokenizer, "--max-num-seqs", str(self.max_num_seqs), "--enable-prefix-caching",
-            "--enable-prompt-tokens-details", *extra, *backend,
+            "--enable-prompt-tokens-details", *extra, *backend, *self.flags,
         ]  # fmt: skip
         return serve_argv(model, port, flags, stock=not self.pic)
 
@@ -101,6 +102,7 @@ SERVERS = {
     "stock-fa3": Server("stock-fa3", False, 256, "FLASH_ATTN"),
     "stock-triton": Server("stock-triton", False, 256, "TRITON_ATTN"),
     "pic-256": Server("pic-256", True, 256),
+    "pic-256-compact": Server("pic-256-compact", True, 256, flags=("--compact",)),  # docs/accuracy.md
     "pic-64": Server("pic-64", True, 64),
     "pic-1024": Server("pic-1024", True, 1024),
 }
@@ -115,6 +117,7 @@ ROWS = {
         ("minipic plain prompts", Strategy.BASELINE),
         ("minipic batched", Strategy.BATCHED),
     ],
+    "pic-256-compact": [("minipic ISPS --compact, max-num-seqs 256", Strategy.ISPS)],
     "pic-64": [("minipic ISPS, max-num-seqs 64", Strategy.ISPS)],
     "pic-1024": [("minipic ISPS, max-num-seqs 1024", Strategy.ISPS)],
 }

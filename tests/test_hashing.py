@@ -135,3 +135,19 @@ def test_an_hsep_block_opens_a_span_that_hashes_apart_from_an_ssep_one() -> None
     assert hashes([*SYS, *span], salt="alice", hasher=with_hsep)[1] != after_a[1]  # the salt, as for SSep
     # A server without an HSep marker reads the token as ordinary text: the block chains on the prefix.
     assert hashes([*SYS, *span])[1:] != after_a[1:]
+
+
+
+READINGS = [{}, {"compact": True}, {"embed_markers_as": 9}, {"compact": True, "embed_markers_as": 9}]
+
+
+def test_each_reading_hashes_apart_and_reuses_spans_within_itself() -> None:
+    """A reading other than the plain one computes other KV for the same tokens: a store shared
+    with a server of another reading must never return it."""
+    hashers = [make_pic_block_hasher(BS, sha256, PicConfig(SSEP, PDEP, PAD, **reading)) for reading in READINGS]
+    for tokens in (SYS + DOC_A + DOC_C + TASK, DOC_A + SYS, SYS + [20, 21, 22, 23]):
+        every = [hashes(tokens, hasher=hasher) for hasher in hashers]
+        assert len({h for block_hashes in every for h in block_hashes}) == sum(map(len, every))
+    for hasher in hashers:
+        assert hashes(SYS + DOC_A + DOC_C, hasher=hasher)[1:] == hashes([7] * 4 + DOC_A + DOC_C, hasher=hasher)[1:]
+        assert hashes(SYS + DOC_A, salt="alice", hasher=hasher)[1] != hashes(SYS + DOC_A, hasher=hasher)[1]

@@ -25,6 +25,13 @@ hash per block. A block never hashes over less context than its attention window
 Generated tokens never act as markers (the markers are also banned from sampling).
 Multimodal requests are refused: their extra keys would need vLLM's own
 bookkeeping of which images a block overlaps.
+
+A server that reads markers otherwise than by their own embedding rows
+(``embed_markers_as``) or reads pads and markers compactly (``--compact``: read by
+no token, no position) computes other KV for the same tokens, so its chains start
+from a root of their own naming that reading: no block computed under one reading
+is found by a server reading another through a shared CPU offload or KV connector
+store. The plain reading keeps vLLM's root (a marker-free prompt hashes as stock).
 """
 
 from __future__ import annotations
@@ -52,13 +59,14 @@ from minipic_server.config import MiniPICConfigError, PicConfig
 class _ChainState:
     """Per-request hashing state carried between hasher calls."""
 
+    root: BlockHash  # the parent of the prompt's first block and of every detached span's
     # The hash of the last block outside spans: with `span_hashes`, it names every token so far.
-    prefix_hash: BlockHash | None = None
+    prefix_hash: BlockHash
     # The hashes of the span blocks after it, in order; each names its block's tokens.
     span_hashes: list[BlockHash] = field(default_factory=list)
     in_span: bool = False  # the last hashed block belongs to a span
 
-    def prefix_through_spans(self, hash_fn: Callable[[Any], bytes]) -> BlockHash | None:
+    def prefix_through_spans(self, hash_fn: Callable[[Any], bytes]) -> BlockHash:
         """The parent of a block outside spans: the last such block's hash, linked once to
         the span blocks' hashes since (their digest goes where a block's tokens go). The
         digest is of their bytes joined: a tuple of them would serialize differently when
@@ -68,6 +76,10 @@ class _ChainState:
             self.prefix_hash = hash_block_tokens(hash_fn, self.prefix_hash, (digest,), None)
             self.span_hashes = []
         return self.prefix_hash
+
+
+# Mixed into the root of a reading other than the plain one (bump it if a reading's KV changes).
+_READING = b"minipic reading v1"
 
 
 def _salted(request: Request, start: int, extra_keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
@@ -109,6 +121,13 @@ def make_pic_block_hasher(
     kinds = pic.block_kinds
     span_runs = _SpanRuns(span_blocks_kept)
 
+    reading = (pic.compact, pic.embed_markers_as)
+
+    def root() -> BlockHash:
+        """vLLM's root (set after the hasher is made: read per request), or the server's reading's."""
+        none = kv_cache_utils.NONE_HASH
+        return none if reading == (False, None) else hash_fn((_READING, *reading, none))
+
     def extra_keys_of(request: Request, first: int, end: int) -> list[tuple[Any, ...] | None]:
         """vLLM's extra keys of blocks ``first`` to ``end`` (exclusive), as vLLM computes them per
         block. Whatever gives a block extra keys (a LoRA, a multimodal input or prompt embeddings
@@ -130,12 +149,11 @@ def make_pic_block_hasher(
             hashes.append(parent)
         return hashes
 
-    def span(request: Request, first: int, end: int) -> list[BlockHash]:
+    def span(request: Request, root: BlockHash, first: int, end: int) -> list[BlockHash]:
         """A span opening at block ``first``, through block ``end``: from the root, salted."""
         start, stop = first * block_size, end * block_size
         extra_keys = extra_keys_of(request, first, end)
         extra_keys[0] = _salted(request, start, extra_keys[0])
-        root = kv_cache_utils.NONE_HASH
         content = array("q", request.all_token_ids[start:stop]).tobytes()
         return span_runs.hashes(
             (root, content, tuple(extra_keys)), lambda: chain(request, root, first, end, extra_keys)
@@ -146,14 +164,15 @@ def make_pic_block_hasher(
             raise MiniPICConfigError("MiniPIC does not support multimodal inputs: send text or token ids")
         state: _ChainState | None = getattr(request, CHAIN_STATE.attribute, None)
         if state is None:
-            state = _ChainState()
+            start = root()
+            state = _ChainState(root=start, prefix_hash=start)
             patch_instance(CHAIN_STATE, request, state)
         done, full = len(request.block_hashes), request.num_tokens // block_size
         new_hashes: list[BlockHash] = []
         for first, kind, end in _segments(request, done, full, block_size, kinds):
             state.in_span = in_span(kind, state.in_span)
             if opens_span(kind):
-                hashes = span(request, first, end)
+                hashes = span(request, state.root, first, end)
             else:
                 parent = (
                     (new_hashes or request.block_hashes)[-1] if state.in_span else state.prefix_through_spans(hash_fn)
