@@ -61,7 +61,8 @@ def test_step_derivation_compiles_for_sm90(compact: bool) -> None:
 
 _ATTENTION_POINTERS = {
     **{name: "*i32" for name in ("block_table_ptr", "unread_head_ptr", "unread_tail_ptr", "key_shift_ptr",
-                                 "query_start_loc_ptr", "seq_lens_ptr", "window_starts_ptr", "req_flags_ptr")},
+                                 "query_shift_ptr", "query_start_loc_ptr", "seq_lens_ptr", "window_starts_ptr",
+                                 "req_flags_ptr")},
     **{name: "*i8" for name in ("block_kind_ptr", "req_moved_ptr", "req_hidden_ptr")},
     **{name: "*fp32" for name in ("part_acc_ptr", "part_ml_ptr")},  # the table is in the cache's dtype (bf16)
     "qk_scale": "fp32",
@@ -70,16 +71,17 @@ _LLAMA3 = dict(HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, GROUP=4, GROUP_P
                DOT_PRECISION="tf32")  # fmt: skip
 
 
-@pytest.mark.parametrize(("move", "unread"), [(False, False), (True, False), (True, True)])
-def test_decode_attention_compiles_for_sm90(move: bool, unread: bool) -> None:
+@pytest.mark.parametrize(("move", "compact"), [(False, False), (True, False), (False, True), (True, True)])
+def test_decode_attention_compiles_for_sm90(move: bool, compact: bool) -> None:
     """The decode launch as a Llama-3-8B server runs it in bf16, at its default configuration: at
     origin, and over moved blocks (key tiles rotated by pair halves, in bf16 with a bf16 table),
-    in the compact reading too (unread keys masked)."""
+    in the compact reading too (unread keys masked, query rows rotated back: whole rows at origin,
+    pair halves over moved blocks)."""
     from minipic_kernels import triton_attention
 
     cfg = triton_attention.decode_config(128)
     constants = dict(_LLAMA3, BLOCK_M=16, BLOCK_Q=1, BLOCK_N=cfg.block_n, TILE_BLOCKS=cfg.block_n // 16, MOVE=move,
-                     PAIR_HALVES=move, UNREAD=unread, USE_SPLITS=True)  # fmt: skip
+                     PAIR_HALVES=move, COMPACT=compact, USE_SPLITS=True)  # fmt: skip
     assert _ptx(triton_attention._decode_kernel, "bf16", constants, _ATTENTION_POINTERS, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages)
 
@@ -92,8 +94,8 @@ def test_split_merge_compiles_for_sm90() -> None:
     assert _ptx(triton_attention._merge_splits_kernel, "bf16", merge, _ATTENTION_POINTERS, num_warps=4)
 
 
-@pytest.mark.parametrize(("move", "unread"), [(False, False), (True, False), (True, True)])
-def test_prefill_attention_compiles_for_sm90(move: bool, unread: bool) -> None:
+@pytest.mark.parametrize(("move", "compact"), [(False, False), (True, False), (False, True), (True, True)])
+def test_prefill_attention_compiles_for_sm90(move: bool, compact: bool) -> None:
     """The tile launch (prefill with windows, hidden heads, moved keys over the scratch budget,
     or the compact reading's requests) as a Llama-3-8B server runs it in bf16, at its default
     configuration."""
@@ -101,7 +103,7 @@ def test_prefill_attention_compiles_for_sm90(move: bool, unread: bool) -> None:
 
     cfg = triton_attention.prefill_config(128)
     constants = dict(_LLAMA3, BLOCK_M=cfg.block_m, BLOCK_Q=cfg.block_m // 4, BLOCK_N=cfg.block_n,
-                     TILE_BLOCKS=cfg.block_n // 16, MOVE=move, PAIR_HALVES=move, UNREAD=unread, SKIP_QLEN_LE=4,
+                     TILE_BLOCKS=cfg.block_n // 16, MOVE=move, PAIR_HALVES=move, COMPACT=compact, SKIP_QLEN_LE=4,
                      USE_FLAGS=True)  # fmt: skip
     assert _ptx(triton_attention._prefill_kernel, "bf16", constants, _ATTENTION_POINTERS, num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages)

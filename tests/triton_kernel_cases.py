@@ -279,21 +279,31 @@ CASES = [
     Case("f32_compact_dense", DENSE, group=2, kinds="plain", misplaced=1.0, mode="dense", unread="random", seed=74),
     Case("f32_compact_tails_dense_at_origin", DENSE, group=2, kinds="plain", misplaced=0.0, mode="dense",
          unread="tails", seed=75),
+    # The query rotation fused into both launches (`compact_query_rotation_case`): partial rotary neox, and
+    # gptj pair halves in fp16 at the default configurations.
+    Case("f32_compact_partial_neox", MIXED, group=2, rotary_dim=32, kinds="hidden", unread="random", seed=76),
+    Case("f16_compact_gptj_d128", [(75, 75), (40, 1), (60, 4), (90, 2), (120, 30)], group=4, head_size=128,
+         is_neox=False, dtype=F16, kinds="hidden", unread="random", prefill=None, decode=None, seed=77),
 ]
+
+
+def _compact_step(case: Case, inputs: dict) -> step_tensors.StepTensors:
+    """The step's tensors in the compact reading (`derive_step_tensors_reference`)."""
+    return derive_step_tensors_reference(
+        *(inputs[name] for name in ("block_table", "block_kind", "block_origin", "query_start_loc", "seq_lens")),
+        case.block_size, inputs["unread"], inputs["query"].shape[0],
+    )  # fmt: skip
 
 
 def _run_case(case: Case) -> dict:
     """`paged_rope_attention` against the reference; in the compact reading the reference reads
-    each block's shift from the step (`derive_step_tensors_reference`) and both take the
-    queries as given."""
+    each block's key shift and each query row's shift from the step, and both rotate the
+    queries (as the model rotated them) back by theirs."""
     inputs = build(case)
     ref_step = {}
     if case.unread:
-        step = derive_step_tensors_reference(
-            *(inputs[name] for name in ("block_table", "block_kind", "block_origin", "query_start_loc", "seq_lens")),
-            case.block_size, inputs["unread"], inputs["query"].shape[0],
-        )  # fmt: skip
-        ref_step["key_shift"] = step.key_shift
+        step = _compact_step(case, inputs)
+        ref_step = dict(key_shift=step.key_shift, query_shift=step.query_shift)
     ref = paged_rope_attention_reference(**inputs, **ref_step)
     out = torch.full_like(inputs["query"], float("nan"))
     extra: dict = {"prefill": case.prefill, "decode": case.decode}
@@ -469,6 +479,32 @@ def hidden_flag_gates_the_mask_case() -> dict:
             "detail": f"flags={flags} unflagged_err={errors[1]}"}  # fmt: skip
 
 
+def compact_query_rotation_case(name: str) -> dict:
+    """The compact reading's query rotation is the kernels' (`triton_attention._rotated_query`):
+    case ``name``'s step has rows with nonzero query shifts in both the decode and the tile
+    launch, and equals the reference; with every query shift cleared (the rows left where the
+    model rotated them) it does not (a mutation the cases above would miss if no row shifted)."""
+    case = next(c for c in CASES if c.name == name)
+    inputs = build(case)
+    step = _compact_step(case, inputs)
+    ref = paged_rope_attention_reference(**inputs, key_shift=step.key_shift, query_shift=step.query_shift)
+    qsl = inputs["query_start_loc"].tolist()
+    decode_limit = triton_attention.decode_query_limit(case.group)
+    shifted = {"decode": 0, "tiles": 0}
+    for begin, end in zip(qsl, qsl[1:]):
+        launch = "decode" if end - begin <= decode_limit else "tiles"
+        shifted[launch] += int((step.query_shift[begin:end] != 0).sum())
+    errors = []
+    for query_shift in (step.query_shift, torch.zeros_like(step.query_shift)):
+        out = paged_rope_attention(**inputs, step=dataclasses.replace(step, query_shift=query_shift),
+                                   prefill=case.prefill, decode=case.decode)  # fmt: skip
+        errors.append(float((out.float() - ref.float()).abs().nan_to_num(float("inf")).max()))
+    tol = 2e-2 if case.dtype == torch.float16 else 1e-3
+    ok = min(shifted.values()) > 0 and errors[0] <= tol and errors[1] > 10 * tol
+    return {"name": f"compact_query_rotation_{name}", "ok": ok, "max_err": errors[0], "tol": tol,
+            "detail": f"rows shifted {shifted} unrotated_err={errors[1]}"}  # fmt: skip
+
+
 def refreshed_heads_on_the_stock_kernel_case() -> dict:
     """The refreshed-heads final prompts' rows (their last 12 tokens alone too) are the stock
     kernel's, over pages without their two hidden heads (the tile kernel would pass the cases
@@ -550,6 +586,8 @@ EXTRA_CASES: dict[str, Callable[[], dict]] = {
     "step_derivation": step_derivation_case,
     "refreshed_heads_on_the_stock_kernel": refreshed_heads_on_the_stock_kernel_case,
     "hidden_flag_gates_the_mask": hidden_flag_gates_the_mask_case,
+    **{f"compact_query_rotation_{name}": (lambda name=name: compact_query_rotation_case(name))
+       for name in ("f32_compact_tiles", "f16_compact_gptj_d128", "f16_compact_partial_gptj_bs32")},
     "decode_over_rotated_keys": lambda: decode_over_rotated_keys_case(35),
     "write_kv": lambda: write_kv_case(30),
     "write_kv_gptj": lambda: write_kv_case(31, is_neox=False),

@@ -222,8 +222,10 @@ def paged_rope_attention(
     the caller derived it once for the step (with ``unread`` in the compact reading, whose
     ``(unread_head, unread_tail)`` records the kernels then mask unread keys by).
     ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
-    In the compact reading the queries come rotated back by their blocks' shifts
-    (`StepTensors.query_shift`: the caller's part, so it derives ``step`` itself).
+    In the compact reading the queries come as the model rotated them, at their tokens' indices:
+    the decode and tile kernels rotate each row back to its compact position by its block's
+    shift (`StepTensors.query_shift`) as they load it; the stock kernel, over the cache or
+    scratch pages, is given only requests whose shifts are all 0 (`StepPlan.routed`).
     Moved keys are rotated with ``cos_sin`` in the key cache's dtype, as vLLM's RoPE rotates
     keys with its table in the model's; pass it so (`RopeSpec.unit_cos_sin_in`) to spare a
     conversion per call.
@@ -254,7 +256,7 @@ def paged_rope_attention(
     work = TileLaunch(
         query, key_cache, value_cache, block_table, block_kind, block_origin, step.key_shift, step.moved, step.hidden,
         query_start_loc, seq_lens, step.window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale),
-        plan.max_seq_len, unread,
+        plan.max_seq_len, unread, step.query_shift,
     )  # fmt: skip
     if plan.has_prefill:
         _prefill(work, output, plan, prefill or prefill_config(head_size), paged_attention, num_tokens)

@@ -116,18 +116,22 @@ def paged_rope_attention_reference(
     window_starts: torch.Tensor | None = None,
     key_shift: torch.Tensor | None = None,
     unread: tuple[torch.Tensor, torch.Tensor] | None = None,
+    query_shift: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged keys, each block moved from
     its origin to where this request places it.
 
     ``window_starts`` (from `window_starts_per_block`) and ``key_shift`` (per request and
     logical block, `StepTensors.key_shift`) may be passed when the caller already derived
-    them for this step. In the compact reading (`compact_shifts`) ``key_shift`` is required,
-    the queries come rotated back by their blocks' shifts, and ``unread`` (the
+    them for this step. In the compact reading (`compact_shifts`) ``key_shift`` and
+    ``query_shift`` (`StepTensors`) are required: each query row is rotated back by its
+    block's shift (in ``query.dtype``, as the Triton kernels round it) and ``unread`` (the
     ``(unread_head, unread_tail)`` records) hides unread keys from every row but their own.
     Returns ``output`` (allocated like ``query`` when not given) holding
     ``(num_tokens, num_q_heads, head_size)`` results in ``query.dtype``.
     """
+    if (unread is None) != (query_shift is None):
+        raise ValueError("the compact reading takes both the unread records and the query shifts")
     if output is None:
         output = torch.empty_like(query)
     block_size = key_cache.shape[1]
@@ -161,7 +165,10 @@ def paged_rope_attention_reference(
             key_blocks = blocks[key_positions // block_size]
             read = read_keys(key_positions % block_size, unread[0][key_blocks], unread[1][key_blocks], block_size)
             allowed &= read[None, :] | (key_positions[None, :] == q_positions[:, None])
-        q = query[q_begin:q_end].float().transpose(0, 1)  # (Hq, Lq, D)
+        q = query[q_begin:q_end]
+        if query_shift is not None:
+            q = rotate(q, -query_shift[q_begin:q_end], cos_sin, rotary_dim, is_neox).to(query.dtype)
+        q = q.float().transpose(0, 1)  # (Hq, Lq, D)
         k = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, Lk, D)
         v = values.float().repeat_interleave(group, dim=1).transpose(0, 1)
         scores = torch.matmul(q, k.transpose(1, 2)) * scale

@@ -34,9 +34,11 @@ compiled variant: decode and tiles honour it alike. Only requests flagged as hav
 hidden block among their keys (`block_kinds.requests_with_hidden`, made once per step)
 load those records, behind a branch uniform over the program: paid by every request, that
 dependent load slowed decode by 8-13% of FA3's time (docs/benchmarks.md, "Latest"). In the
-compact reading (``UNREAD``, a compiled variant per server) the same branch, taken by the
+compact reading (``COMPACT``, a compiled variant per server) the same branch, taken by the
 requests with unread keys too (`StepTensors.hidden`), loads each block's unread head and
-tail and masks those keys for every row but their own.
+tail and masks those keys for every row but their own; and each program rotates its query
+tile back by its rows' compact shifts once, in registers (`_rotated_query`), where a torch
+rotation before attention cost about ten fp32 copies of the step's queries per layer.
 
 ``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
 place, which only the benchmarks' no-rotation baseline and its interpreter test use.
@@ -144,17 +146,46 @@ def _tile_shifts(n0, seq_len, shift_row_ptr, stride_ksb, KV_BLOCK_SIZE: tl.const
 
 
 @triton.jit
-def _key_angles(shift, cos_sin_ptr, stride_cs, column, col_ok, ROT_HALF: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                TILE_ROWS: tl.constexpr, WIDTH: tl.constexpr):
-    """cos and sin of each key's shift (``shift``: one per block of the tile) at the table columns
-    ``column`` (``WIDTH`` of them; masked columns: cos 1, sin 0), ``[BLOCK_N, WIDTH]`` in the
-    table's dtype: one table row per block of the tile, broadcast to its keys. The table holds
-    positive shifts; a negative one negates the sine."""
+def _angles(shift, cos_sin_ptr, stride_cs, column, col_ok, ROT_HALF: tl.constexpr):
+    """cos and sin of each ``shift`` (``[N]``) at the table columns ``column`` (masked columns:
+    cos 1, sin 0), ``[N, len(column)]`` in the table's dtype. The table holds positive shifts;
+    a negative one negates the sine."""
     table = cos_sin_ptr + tl.abs(shift)[:, None] * stride_cs + column[None, :]
     cos = tl.load(table, mask=col_ok[None, :], other=1.0)
     sin = tl.load(table + ROT_HALF, mask=col_ok[None, :], other=0.0)
-    sin = tl.where((shift < 0)[:, None], -sin, sin)
+    return cos, tl.where((shift < 0)[:, None], -sin, sin)
+
+
+@triton.jit
+def _key_angles(shift, cos_sin_ptr, stride_cs, column, col_ok, ROT_HALF: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                TILE_ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """`_angles` of each key's shift (``shift``: one per block of the tile) at the ``WIDTH``
+    columns ``column``, ``[BLOCK_N, WIDTH]``: one table row per block of the tile, broadcast to
+    its keys."""
+    cos, sin = _angles(shift, cos_sin_ptr, stride_cs, column, col_ok, ROT_HALF)
     return _per_key(cos, TILE_BLOCKS, TILE_ROWS, WIDTH), _per_key(sin, TILE_BLOCKS, TILE_ROWS, WIDTH)
+
+
+@triton.jit
+def _rotated_query(q, q_first, q_second, q_rows, stride_qd, row_ok, shift, cos_sin_ptr, stride_cs,
+                   HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, PAIR_HALVES: tl.constexpr):
+    """The query tile rotated by ``shift`` per row (`reference.rotate`): ``q`` (loaded from
+    ``q_rows``; each lane's rotary partner gathered a second time) or, with ``PAIR_HALVES``,
+    its pair halves ``q_first``/``q_second`` (all `_tile_scores` reads then), rotated pair by
+    pair. fp32 math, the query's dtype out; once per program, so a whole tile of rows costs
+    one table row each."""
+    if PAIR_HALVES:
+        column = tl.arange(0, ROT_HALF)
+        cos, sin = _angles(shift, cos_sin_ptr, stride_cs, column, column < ROT_HALF, ROT_HALF)
+        a, b = q_first.to(tl.float32), q_second.to(tl.float32)
+        q_first = (a * cos - b * sin).to(q.dtype)
+        q_second = (b * cos + a * sin).to(q.dtype)
+    else:
+        column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
+        cos, sin = _angles(shift, cos_sin_ptr, stride_cs, column, rotates, ROT_HALF)
+        other = _load_rows(q_rows, partner, stride_qd, row_ok, rotates)
+        q = (q.to(tl.float32) * cos + other.to(tl.float32) * (sin * sign[None, :])).to(q.dtype)
+    return q, q_first, q_second
 
 
 @triton.jit
@@ -317,19 +348,20 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
 @triton.jit
 def _attend_rows(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
-    req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile, q_begin, q_len,
-    kv_head, split, qk_scale, num_splits,
+    query_shift_ptr, req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile,
+    q_begin, q_len, kv_head, split, qk_scale, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
-    UNREAD: tl.constexpr, USE_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    COMPACT: tl.constexpr, USE_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The body both entry points share: query tile ``tile`` of request ``req`` against one
     kv head's keys (split ``split`` of ``num_splits``; with ``USE_SPLITS``, decode only, a
-    partial softmax state for `_merge_splits_kernel`), each row within its window."""
+    partial softmax state for `_merge_splits_kernel`), each row within its window; with
+    ``COMPACT`` each row rotated back by its query shift first."""
     seq_len = tl.load(seq_lens_ptr + req)
     ctx_len = seq_len - q_len
 
@@ -360,6 +392,10 @@ def _attend_rows(
         q_second = _load_rows(q_rows, second, stride_qd, row_ok, second < HEAD_P)
     else:
         q_first, q_second = q, q  # unused
+    if COMPACT:  # rows at compact positions: rotate back by their shift (`StepTensors.query_shift`)
+        shift = tl.load(query_shift_ptr + q_begin + row_tok, mask=row_ok, other=0)
+        q, q_first, q_second = _rotated_query(q, q_first, q_second, q_rows, stride_qd, row_ok, -shift, cos_sin_ptr,
+                                              stride_cs, HEAD_P, ROT_HALF, IS_NEOX, PAIR_HALVES)  # fmt: skip
     has_hidden = tl.load(req_hidden_ptr + req) != 0  # once per program: see `_attend_keys`
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
@@ -369,7 +405,7 @@ def _attend_rows(
         block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr,
         key_shift_ptr + req.to(tl.int64) * stride_ksr, stride_ksb, k_ptr + kv_head * stride_kh,
         v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr,
-        stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, UNREAD,
+        stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, COMPACT,
         DOT_PRECISION,
     )  # fmt: skip
 
@@ -395,8 +431,8 @@ def _other_variant(req_moved_ptr, req, ROT_HALF: tl.constexpr, MOVE: tl.constexp
 @triton.jit(do_not_specialize=["num_reqs", "num_splits", "stride_btr", "stride_wsr", "stride_ksr"])
 def _decode_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
-    req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr,
-    part_ml_ptr, qk_scale, num_reqs, num_splits,
+    query_shift_ptr, req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr,
+    part_acc_ptr, part_ml_ptr, qk_scale, num_reqs, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
@@ -413,7 +449,9 @@ def _decode_kernel(
     TILE_BLOCKS: tl.constexpr,  # KV blocks per key tile (1 when a tile is part of one block)
     MOVE: tl.constexpr,  # this launch takes the requests reading some block shifted (`StepTensors.moved`)
     PAIR_HALVES: tl.constexpr,  # MOVE with the whole head rotating: keys by pair halves (`_tile_scores`)
-    UNREAD: tl.constexpr,  # the compact reading: flagged requests mask unread keys too (`_shown_keys`)
+    # the compact reading: flagged requests mask unread keys too (`_shown_keys`), every row rotates back by its
+    # query shift (`_rotated_query`)
+    COMPACT: tl.constexpr,
     USE_SPLITS: tl.constexpr,  # write partial softmax states for _merge_splits_kernel
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -430,28 +468,28 @@ def _decode_kernel(
         return
     _attend_rows(
         out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
-        req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, 0, q_begin, q_len,
-        kv_head, split, qk_scale, num_splits,
+        query_shift_ptr, req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req,
+        0, q_begin, q_len, kv_head, split, qk_scale, num_splits,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
         stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
         HEAD, HEAD_P, ROT_HALF, IS_NEOX, GROUP, GROUP_P, KV_BLOCK_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N, TILE_BLOCKS, MOVE,
-        PAIR_HALVES, UNREAD, USE_SPLITS, DOT_PRECISION,
+        PAIR_HALVES, COMPACT, USE_SPLITS, DOT_PRECISION,
     )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_reqs", "stride_btr", "stride_wsr", "stride_ksr"])
 def _prefill_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
-    req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, req_flags_ptr,
-    qk_scale, num_reqs,
+    query_shift_ptr, req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr,
+    req_flags_ptr, qk_scale, num_reqs,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, GROUP: tl.constexpr,
     GROUP_P: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
-    UNREAD: tl.constexpr,  # the compact reading (`_decode_kernel`)
+    COMPACT: tl.constexpr,  # the compact reading (`_decode_kernel`)
     SKIP_QLEN_LE: tl.constexpr,  # requests with q_len <= this belong to the decode launch
     USE_FLAGS: tl.constexpr,  # only requests whose flag is set
     DOT_PRECISION: tl.constexpr,
@@ -473,13 +511,13 @@ def _prefill_kernel(
         return
     _attend_rows(
         out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
-        req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile, q_begin, q_len,
-        kv_head, 0, qk_scale, 1,
+        query_shift_ptr, req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile,
+        q_begin, q_len, kv_head, 0, qk_scale, 1,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
         stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
         HEAD, HEAD_P, ROT_HALF, IS_NEOX, GROUP, GROUP_P, KV_BLOCK_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N, TILE_BLOCKS, MOVE,
-        PAIR_HALVES, UNREAD, False, DOT_PRECISION,
+        PAIR_HALVES, COMPACT, False, DOT_PRECISION,
     )  # fmt: skip
 
 
@@ -638,6 +676,13 @@ class TileLaunch:
     max_seq_len: int  # upper bound on any request's keys
     # the compact reading's (unread_head, unread_tail) per physical block (`compact_shifts`): None outside it
     unread: tuple[torch.Tensor, torch.Tensor] | None = None
+    # the compact reading's (num_tokens,) int32 shift per query row, each row rotated back by it in the kernels
+    # (`StepTensors.query_shift`): given with ``unread``, None outside the reading
+    query_shift: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if (self.unread is None) != (self.query_shift is None):
+            raise ValueError("the compact reading takes both the unread records and the query shifts")
 
 
 def launch(
@@ -684,16 +729,19 @@ def launch(
         part_ml = torch.empty(slots * 2 * block_m, dtype=torch.float32, device=query.device)
     else:
         part_acc = part_ml = out  # never touched
-    unread_head, unread_tail = work.unread or (work.block_kind, work.block_kind)  # loaded only with UNREAD
+    compact = work.unread is not None
+    # Loaded only with COMPACT; otherwise any tensor of the step stands in.
+    unread_head, unread_tail = work.unread or (work.block_kind, work.block_kind)
+    query_shift = work.query_shift if work.query_shift is not None else work.key_shift
     head_args = (out, query, key_cache, work.value_cache, work.block_table, work.block_kind, unread_head, unread_tail,
-                 work.key_shift, work.moved, work.hidden, work.query_start_loc, work.seq_lens, work.window_starts,
-                 work.cos_sin)
+                 work.key_shift, query_shift, work.moved, work.hidden, work.query_start_loc, work.seq_lens,
+                 work.window_starts, work.cos_sin)
     strides = (*query.stride(), *out.stride(), *key_cache.stride(), *work.value_cache.stride(),
                *work.block_table.stride(), *work.window_starts.stride(), *work.key_shift.stride(),
                work.cos_sin.stride(0))
     shape = dict(HEAD=head_size, HEAD_P=head_p, ROT_HALF=work.rotary_dim // 2, IS_NEOX=work.is_neox, GROUP=group,
                  GROUP_P=group_p, KV_BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
-                 TILE_BLOCKS=max(1, cfg.block_n // block_size), UNREAD=work.unread is not None,
+                 TILE_BLOCKS=max(1, cfg.block_n // block_size), COMPACT=compact,
                  DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
     for move in (False, True) if work.rotary_dim else (False,):

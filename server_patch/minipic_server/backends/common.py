@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 import torch
 
 from minipic_kernels.attention import StepPlan
-from minipic_kernels.reference import rotate
 from minipic_kernels.step_tensors import StepTensors
 from minipic_server import boundary
 from minipic_server.block_records import BlockRecords, derive_step
@@ -178,7 +177,8 @@ class PositionFreeAttention:
         rope: RopeSpec,
         output: torch.Tensor,
     ) -> None:
-        """Attention of ``query`` ``(tokens, heads, head_size)`` into ``output`` (same shape)."""
+        """Attention of ``query`` ``(tokens, heads, head_size)`` into ``output`` (same shape); in
+        the compact reading attention rotates each row back by its query shift itself."""
         raise NotImplementedError
 
     def do_kv_cache_update(
@@ -245,12 +245,8 @@ class PositionFreeAttention:
         derive_step(attn_metadata, records, first_layer=self is records.first_layer)
         num_tokens = attn_metadata.num_actual_tokens
         key_cache, value_cache = self.kv_views(kv_cache)
-        rows = query[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
-        step = attn_metadata.step
-        if step is not None and step.query_shift is not None:  # the compact reading: rows at compact positions
-            rows = rotate(rows, -step.query_shift, rope.unit_cos_sin, rope.rotary_dim, rope.is_neox).to(rows.dtype)
         self.attend(
-            rows,
+            query[:num_tokens].view(num_tokens, self.num_heads, self.head_size),
             key_cache,
             value_cache,
             attn_metadata,

@@ -57,7 +57,7 @@ class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetad
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
             metadata.seq_lens, metadata.block_kind, metadata.block_origin, rope.unit_cos_sin, rope.rotary_dim,
             rope.is_neox, self.scale, output, window_starts=metadata.step.window_starts,
-            key_shift=metadata.step.key_shift, unread=metadata.unread,
+            key_shift=metadata.step.key_shift, unread=metadata.unread, query_shift=metadata.step.query_shift,
         )  # fmt: skip
 
     def __init__(
