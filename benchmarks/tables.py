@@ -60,11 +60,11 @@ def _table1(rows: list[dict]) -> Iterator[str]:
     median = {key: median_run(runs)["samples_per_s"] for key, runs in groups.items()}
     stock = {key[1]: median[key] for key in median if groups[key][0]["server"] == "stock-fa3"}
     for (name, max_tokens), runs in sorted(groups.items(), key=lambda g: (g[0][1], g[1][0]["server"] != "stock-fa3")):
-        ratio = median[(name, max_tokens)] / stock[max_tokens] if max_tokens in stock else float("nan")
+        ratio = f"**{median[(name, max_tokens)] / stock[max_tokens]:.2f}x**" if max_tokens in stock else "no stock run"
         mid = median_run(runs)
         spread = [r["samples_per_s"] for r in runs]
         yield (_row(name, mid.get("layout", "-"), max_tokens, len(runs),
-                   f"{median[(name, max_tokens)]:.1f} ({min(spread):.1f}-{max(spread):.1f})", f"**{ratio:.2f}x**",
+                   f"{median[(name, max_tokens)]:.1f} ({min(spread):.1f}-{max(spread):.1f})", ratio,
                    f"{mid['final_prompt_tokens_per_s']:,.0f}", f"{mid['computed_prompt_tokens_per_s']:,.0f}",
                    mid["requests"], f"{mid['final_cached_fraction']:.1%}",
                    f"{mid['fraction_of_unique_token_ceiling']:.0%}"))  # fmt: skip
