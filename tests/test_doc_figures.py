@@ -54,6 +54,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h100-ranked-compact.json.gz": 9,  # --compact: 3 families x 3 layouts
     "accuracy-families-smollm2-h100-ranked-default-9004e6d.json.gz": 2,  # single facts: full, the default
     "accuracy-families-smollm2-cpu-ranked-compact.json.gz": 2,  # --compact, single facts: full, the default
+    "accuracy-families-smollm2-cpu-ranked-compact-fast.json.gz": 4,  # --compact, single facts: full, 3 fast layouts
 }
 
 
@@ -2028,3 +2029,52 @@ def test_the_compact_reading_served_pairings_match_their_results() -> None:
     gained, lost, p = _cross_run_pairing("accuracy-families-smollm2-cpu-ranked-compact.json.gz",
                                          "accuracy-families-smollm2-cpu-ranked.json.gz", default)
     assert f"right on {gained} questions only with `--compact` and {lost} only without ({p})" in text
+
+
+def test_table1_on_a_compact_server_figures_match_their_results() -> None:
+    """The ratios, token counts and costs quoted for Table 1 with the default on a `--compact`
+    server and on a plain one (stock's runs are in the first file only)."""
+    compact, plain = "served-h200-table1-ddfd684-compact.json", "served-h200-table1-ddfd684-plain-reading.json"
+    stock = _table1_medians(compact, STOCK_FA3)[1]
+    ours = _table1_medians(compact, "minipic ISPS --compact, max-num-seqs 256")[1]
+    other = _table1_medians(plain, ISPS)[1]
+
+    def per_sample(run: dict) -> float:
+        return run["computed_prompt_tokens_per_s"] / run["samples_per_s"]
+
+    rate = stock["computed_prompt_tokens_per_s"]
+    figures = {
+        "compact": f"{ours['samples_per_s'] / stock['samples_per_s']:.2f}x",
+        "plain": f"{other['samples_per_s'] / stock['samples_per_s']:.2f}x",
+        "cost": f"{(1 - ours['samples_per_s'] / other['samples_per_s']) * 100:.1f}%",
+        "cap": f"{per_sample(stock) / per_sample(ours):.2f}x",
+    }
+    assert figures == {"compact": "1.01x", "plain": "1.06x", "cost": "4.4%", "cap": "1.08x"}
+    assert f"{per_sample(ours):,.0f} prompt tokens computed per sample against stock's {per_sample(stock):,.0f}" \
+        == "1,047 prompt tokens computed per sample against stock's 1,134"
+    assert f"{ours['final_cached_fraction']:.1%}" == f"{other['final_cached_fraction']:.1%}" == "79.2%"
+    assert [f"{run['computed_prompt_tokens_per_s'] / rate:.2f}x" for run in (ours, other)] == ["0.93x", "0.98x"]
+    assert [f"{r['samples_per_s']:.1f}" for r in (stock, ours, other)] == ["38.5", "39.0", "40.7"]
+    benchmarks = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    for quote in ("as fast as stock with `--compact` (1.01x) and 1.06x without it", "79.2% of its final prompts cached",
+                  "1,047 prompt tokens computed per sample against stock's 1,134", "caps the layout at 1.08x",
+                  "costs: 4.4% of throughput", "its token rate is 0.93x stock's, the plain reading's 0.98x"):
+        assert quote in benchmarks
+    accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    for quote in ("runs Table 1 at 1.01x stock on the H200, where the same layout on a plain server runs at 1.06x",
+                  "Its speed: 1.01x stock on the H200, 4.4% below the plain reading.",
+                  "stock 38.5 samples/s, the default 39.0, with 79.2% of its final prompts",
+                  "ran the same layout at 40.7 (1.06x)", "1,134 / 1,047 caps the layout at 1.08x"):
+        assert quote in accuracy
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "runs Table 1 at 1.01x stock with that default, and the same layout on a plain server at 1.06x" in readme
+    assert "costs 4.4%" in readme
+
+
+def test_the_fast_layouts_under_compact_pairing_matches_its_results() -> None:
+    gained, lost, p = _cross_run_pairing("accuracy-families-smollm2-cpu-ranked-compact-fast.json.gz",
+                                         "accuracy-families-smollm2-cpu-ranked.json.gz", "refreshed_heads")
+    before = _result("accuracy-families-smollm2-cpu-ranked.json.gz")["families"]["single"]["summary"]
+    accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"({pct(before['refreshed_heads']['accuracy'])}% at aeb0975: {gained} right only with `--compact`, "
+            f"{lost} only without, {p})") in accuracy  # fmt: skip
