@@ -2069,6 +2069,12 @@ def test_table1_on_a_compact_server_figures_match_their_results() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "runs Table 1 at 1.01x stock with that default, and the same layout on a plain server at 1.06x" in readme
     assert "costs 4.4%" in readme
+    default = "lead_text_repeat_refreshed_heads"
+    loss = [-_result(name)["families"]["single"]["summary"][default]["vs_full"]["difference"] * 100 for name in
+            ("accuracy-families-smollm2-h100-ranked-compact.json.gz",
+             "accuracy-families-smollm2-h100-ranked-default-9004e6d.json.gz")]  # fmt: skip
+    assert (f"within {loss[0]:.1f} points of full attention on ranked single facts ({loss[1]:.1f} below without "
+            f"it) for {figures['cost']} of Table 1's throughput") in readme  # fmt: skip
 
 
 def test_the_fast_layouts_under_compact_pairing_matches_its_results() -> None:
