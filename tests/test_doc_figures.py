@@ -1802,6 +1802,9 @@ def test_the_knob_at_a_glance_matches_its_results() -> None:
         assert cells[1:4] == [f"{summary['accuracy']:.1%}", f"{summary['vs_full']['difference'] * 100:+.1f}",
                               f"{shares[layout]['final_cached_fraction']:.1%}"], row  # fmt: skip
         assert cells[4].startswith(f"{ratio:.2f}x"), row
+    h200 = _table1_medians("served-h200-table1-ddfd684-plain-reading.json", ISPS)[1]["samples_per_s"]
+    h200_stock = _table1_medians("served-h200-table1-ddfd684-compact.json", STOCK_FA3)[1]["samples_per_s"]
+    assert f"| 0.88x (H100); {h200 / h200_stock:.2f}x (H200, ddfd684) |" in doc
 
 
 def test_the_first_passage_last_matches_its_results() -> None:
