@@ -55,6 +55,8 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h100-ranked-default-9004e6d.json.gz": 2,  # single facts: full, the default
     "accuracy-families-smollm2-cpu-ranked-compact.json.gz": 2,  # --compact, single facts: full, the default
     "accuracy-families-smollm2-cpu-ranked-compact-fast.json.gz": 4,  # --compact, single facts: full, 3 fast layouts
+    "accuracy-families-smollm2-cpu-ranked-bridge-compact.json.gz": 2,  # --compact, bridge: full, the default
+    "accuracy-families-smollm2-cpu-ranked-bridge-plain.json.gz": 2,  # the same without --compact
 }
 
 
@@ -2006,11 +2008,11 @@ def test_the_refreshed_compact_emulation_matches_its_results() -> None:
     ))  # fmt: skip
 
 
-def _cross_run_pairing(result: str, other: str, layout: str) -> tuple[int, int, str]:
-    """`_pairing` of `layout`'s single-fact answers in two runs of the same questions."""
-    theirs = {q["id"]: q for q in _result(other)["families"]["single"]["questions"]}
+def _cross_run_pairing(result: str, other: str, layout: str, family: str = "single") -> tuple[int, int, str]:
+    """`_pairing` of `layout`'s answers to `family` in two runs of the same questions."""
+    theirs = {q["id"]: q for q in _result(other)["families"][family]["questions"]}
     answers = []
-    for question in _result(result)["families"]["single"]["questions"]:
+    for question in _result(result)["families"][family]["questions"]:
         assert question["passages"] == theirs[question["id"]]["passages"]
         answers.append({"here": question["answers"][layout], "there": theirs[question["id"]]["answers"][layout]})
     return _pairing(answers, "here", "there")
@@ -2078,6 +2080,16 @@ def test_table1_on_a_compact_server_figures_match_their_results() -> None:
              "accuracy-families-smollm2-h100-ranked-default-9004e6d.json.gz")]  # fmt: skip
     assert (f"within {loss[0]:.1f} points of full attention on ranked single facts ({loss[1]:.1f} below without "
             f"it) for {figures['cost']} of Table 1's throughput") in readme  # fmt: skip
+
+
+def test_the_bridge_pairing_with_and_without_compact_matches_its_results() -> None:
+    compact, plain = ("accuracy-families-smollm2-cpu-ranked-bridge-compact.json.gz",
+                      "accuracy-families-smollm2-cpu-ranked-bridge-plain.json.gz")  # fmt: skip
+    gained, lost, p = _cross_run_pairing(compact, plain, "lead_text_repeat_refreshed_heads", "bridge")
+    assert _cross_run_pairing(compact, plain, "full", "bridge")[:2] == (0, 0)  # "answers alike on both servers"
+    accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"the default is right on {gained} bridge questions only with `--compact` and {lost} only without "
+            f"({p})") in accuracy  # fmt: skip
 
 
 def test_the_fast_layouts_under_compact_pairing_matches_its_results() -> None:
