@@ -40,7 +40,8 @@ COMMON_ARGS = (
 @dataclass(frozen=True)
 class ServerSpec:
     """How to start a server: PIC (`minipic serve`) or stock vLLM, extra arguments, and a model
-    other than the pool's (the tiny model)."""
+    other than the pool's (the tiny model). `compact` picks a PIC server's reading: most tests
+    check the plain one (``--no-compact``); None leaves `minipic serve`'s default (compact)."""
 
     pic: bool = True
     load_plugins: bool = True
@@ -48,9 +49,11 @@ class ServerSpec:
     base_args: tuple[str, ...] = COMMON_ARGS
     env: tuple[tuple[str, str], ...] = ()
     model_dir: Path | None = None
+    compact: bool | None = False
 
     def argv(self, model_dir: Path, port: int) -> list[str]:
-        return serve_argv(model_dir, port, (*self.base_args, *self.extra_args), stock=not self.pic)
+        reading = () if not self.pic or self.compact is None else ("--compact" if self.compact else "--no-compact",)
+        return serve_argv(model_dir, port, (*self.base_args, *reading, *self.extra_args), stock=not self.pic)
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.env))

@@ -28,7 +28,7 @@ from minipic_protocol.blocks import (
 from minipic_server.config import PicConfig
 from minipic_server.metrics import PromptAccount, account
 
-PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4, compact=False)  # the plain reading
 MARKERS = PIC.kind_marker_ids
 SSEP, PDEP, PAD, HSEP = 1, 2, 3, 4
 B = 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from minipic_server.block_plan import BlockPlanner, StepRecords, records_of_requ
 from minipic_server.block_records import BlockRecords, derive_step
 from minipic_server.config import MiniPICConfigError, PicConfig
 
-PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4, compact=False)  # the plain reading
 BS = 4
 
 
@@ -43,7 +44,7 @@ def test_origins_are_offsets_in_the_span_or_the_block_itself(seed: int) -> None:
 def test_the_compact_reading_records_unread_heads_and_tails_through_to_the_device() -> None:
     """[sys 5 9 pad pad][PDep 9 9 9][SSep 9 pad pad][9 9] + generated: heads and tails from the
     tokens (the protocol's per-block form), shipped with the step and set on the device."""
-    compact = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4, compact=True)
+    compact = replace(PIC, compact=True)
     prompt = [5, 9, 3, 3, 2, 9, 9, 9, 1, 9, 3, 3, 9, 9]
     req = request(prompt, generated=5)
     records_of_request(req, 2, BS, compact)  # extended as the table grows

@@ -140,6 +140,29 @@ def test_markers_embedded_as_an_ordinary_token(tiny_model_dir: Path) -> None:
         PicConfig.from_section({**MARKERS, "embed_markers_as": "206"})
 
 
+def test_the_compact_reading_is_the_default_and_the_flag_wins(tiny_model_dir: Path, monkeypatch) -> None:
+    """`minipic serve` reads compactly unless told (--no-compact, or the user's minipic section);
+    the command line wins over the section."""
+    from typer.testing import CliRunner
+
+    import minipic_server.serve
+    from minipic_client.cli import app
+
+    def reading(compact: bool | None, *flags: str) -> bool:
+        args = serve_args(vllm_serve_parser({})[0], str(tiny_model_dir), list(flags), None, compact=compact)
+        return PicConfig.from_section(args.additional_config["minipic"]).compact
+
+    section_plain = ("--additional-config", '{"minipic": {"compact": false}}')
+    assert reading(None) is True and reading(False) is False
+    assert reading(None, *section_plain) is False and reading(True, *section_plain) is True
+    assert PicConfig(**MARKERS).compact is True  # a section written without the key: `vllm serve`
+    given: list[bool | None] = []
+    monkeypatch.setattr(minipic_server.serve, "serve_main", lambda *a, compact, **k: given.append(compact))
+    for flags in ([], ["--compact"], ["--no-compact"]):
+        assert CliRunner().invoke(app, ["serve", "some/model", *flags]).exit_code == 0
+    assert given == [None, True, False]
+
+
 def test_plugin_allowlist_keeps_other_plugins() -> None:
     assert plugin_allowlist("other") == "other,minipic,minipic_info"
     assert {"minipic", "minipic_info"} <= set(plugin_allowlist(None).split(","))

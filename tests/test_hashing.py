@@ -13,7 +13,7 @@ from minipic_server.engine_hooks import ban_markers
 from minipic_server.hashing import make_pic_block_hasher
 
 BS = 4
-PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3)
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, compact=False)  # the plain reading
 SSEP, PDEP, PAD = PIC.marker_ids
 SYS = [10, 11, 12, 13]
 DOC_A = [SSEP, 20, 21, 22]
@@ -69,7 +69,8 @@ def test_blocks_after_pdep_chain_on_the_full_prefix() -> None:
     assert hashes(SYS + DOC_A + TASK + tail)[3] != hashes(SYS + DOC_B + TASK + tail)[3]
 
 
-def test_without_markers_hashes_equal_vllms_own() -> None:
+def test_without_markers_the_plain_reading_hashes_as_vllm() -> None:
+    """On a ``--no-compact`` server; the default compact reading roots every chain apart (below)."""
     tokens = SYS + [20, 21, 22, 23] + [PAD] * 4 + [5, 6, 7, 8, 9]
     stock = get_request_block_hasher(BS, sha256)
     assert hashes(tokens) == hashes(tokens, hasher=stock)
@@ -138,7 +139,7 @@ def test_an_hsep_block_opens_a_span_that_hashes_apart_from_an_ssep_one() -> None
 
 
 
-READINGS = [{}, {"compact": True}, {"embed_markers_as": 9}, {"compact": True, "embed_markers_as": 9}]
+READINGS = [{"compact": False}, {}, {"compact": False, "embed_markers_as": 9}, {"embed_markers_as": 9}]
 
 
 def test_each_reading_hashes_apart_and_reuses_spans_within_itself() -> None:

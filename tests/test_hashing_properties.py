@@ -31,7 +31,7 @@ from minipic_protocol.blocks import BlockKind, block_kind_of, marker_kinds, span
 from minipic_server.config import PicConfig
 from minipic_server.hashing import make_pic_block_hasher
 
-PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4)
+PIC = PicConfig(ssep_token_id=1, pdep_token_id=2, pad_token_id=3, hsep_token_id=4, compact=False)  # the plain reading
 SSEP, PDEP, PAD, HSEP = PIC.marker_ids
 KIND_MARKERS = marker_kinds(*PIC.kind_marker_ids)  # SSep, PDep, HSep: the ids that give a block a kind
 # Few distinct ordinary tokens, so that equal blocks (and would-be false hits) are common.

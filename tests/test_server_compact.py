@@ -1,5 +1,5 @@
-"""`minipic serve --compact` (pads and PDep markers unread and given no position) through a real
-server: exact against HF transformers given the protocol's per-token masks and positions, the
+"""`minipic serve`'s default, the compact reading (pads and PDep markers unread and given no
+position), through a real server: exact against HF transformers given the protocol's per-token masks and positions, the
 same whether the spans were prefilled first, never, moved or at their origin."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from servers import RunningServer, ServerPool, ServerSpec
 
 pytestmark = pytest.mark.server
 
-COMPACT = ServerSpec(extra_args=("--compact",))
+COMPACT = ServerSpec(compact=None)  # no reading flag: the default
 hidden_span, refreshed = TINY.hidden_span, TINY.refreshed
 
 
@@ -42,7 +42,7 @@ def reference(tiny_model_dir) -> HFReference:
     return HFReference(tiny_model_dir, compact=True)
 
 
-def test_the_server_publishes_the_compact_reading(compact_server: RunningServer) -> None:
+def test_the_server_reads_compact_by_default(compact_server: RunningServer) -> None:
     assert httpx.get(compact_server.url + "/minipic/info", timeout=30).json()["compact"] is True
 
 

@@ -36,10 +36,13 @@ def serve(
         None, "--embed-markers-as", metavar="newline|ID",
         help="The model reads SSep, PDep and HSep through this ordinary token's embedding (docs/accuracy.md).",
     ),
-    compact: bool = typer.Option(
-        False, "--compact",
-        help="The compact reading: pads and PDep markers unread and given no position, so the model reads "
-        "a MiniPIC prompt at the plain prompt's positions (docs/accuracy.md).",
+    compact: bool | None = typer.Option(
+        None, "--compact/--no-compact",
+        help="The compact reading (the default): pads and PDep markers unread and given no position, so the "
+        "model reads a MiniPIC prompt at the plain prompt's positions. --no-compact: the plain reading, for "
+        "models trained to read the markers (docs/accuracy.md).  [default: the minipic section's compact, "
+        "else compact]",
+        show_default=False,
     ),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""

@@ -32,7 +32,10 @@ class PicConfig:
     requests without a ``cache_salt`` are refused (`salt_policy`). `embed_markers_as`: the
     model reads SSep, PDep and HSep through this ordinary token's embedding
     (`marker_embedding`; None: their own rows). `compact`: the compact reading
-    (`minipic_protocol.compact`): pads and PDep markers unread and given no position."""
+    (`minipic_protocol.compact`): pads and PDep markers unread and given no position. It is the
+    default because a model never trained on MiniPIC's markers answers nearly as with full
+    attention in it (docs/accuracy.md); False keeps the plain reading, for models trained to
+    read the markers."""
 
     ssep_token_id: int
     pdep_token_id: int
@@ -40,7 +43,7 @@ class PicConfig:
     hsep_token_id: int | None = None
     require_cache_salt: bool = False
     embed_markers_as: int | None = None
-    compact: bool = False
+    compact: bool = True
 
     def __post_init__(self) -> None:
         for name, value in self.markers.items():

@@ -27,11 +27,12 @@ Multimodal requests are refused: their extra keys would need vLLM's own
 bookkeeping of which images a block overlaps.
 
 A server that reads markers otherwise than by their own embedding rows
-(``embed_markers_as``) or reads pads and markers compactly (``--compact``: read by
-no token, no position) computes other KV for the same tokens, so its chains start
-from a root of their own naming that reading: no block computed under one reading
-is found by a server reading another through a shared CPU offload or KV connector
-store. The plain reading keeps vLLM's root (a marker-free prompt hashes as stock).
+(``embed_markers_as``) or reads pads and markers compactly (the default, ``--compact``:
+read by no token, no position) computes other KV for the same tokens, so its chains
+start from a root of their own naming that reading: no block computed under one
+reading is found by a server reading another through a shared CPU offload or KV
+connector store. The plain reading (``--no-compact``) keeps vLLM's root (a marker-free
+prompt hashes as stock).
 """
 
 from __future__ import annotations

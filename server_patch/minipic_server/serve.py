@@ -65,13 +65,13 @@ def serve_args(
     *,
     require_cache_salt: bool = False,
     embed_markers_as: str | None = None,
-    compact: bool = False,
+    compact: bool | None = None,
 ) -> Namespace:
     """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config, with
     `markers` checked against the tokenizer, or picked from it when not given;
     ``hsep_token_id`` overrides HSep alone (picked after the other three when not given);
     `embed_markers_as` (``newline`` or a token id) as `MarkerRule.stand_in` reads it; `compact`
-    turns the compact reading on."""
+    (None: the section's, else `PicConfig`'s default) picks the compact or the plain reading."""
     args = parser.parse_args(["serve", model, *vllm_args])
     rule = MarkerRule(load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code))
     markers = markers or rule.pick()
@@ -82,8 +82,8 @@ def serve_args(
     options: dict[str, Any] = {"require_cache_salt": True} if require_cache_salt else {}
     if embed_markers_as is not None:
         options["embed_markers_as"] = rule.stand_in(embed_markers_as)
-    if compact:
-        options["compact"] = True
+    if compact is not None:
+        options["compact"] = compact
     args.additional_config = with_pic_section(args.additional_config, markers, options)
     return args
 
@@ -130,7 +130,7 @@ def serve_main(
     *,
     require_cache_salt: bool = False,
     embed_markers_as: str | None = None,
-    compact: bool = False,
+    compact: bool | None = None,
 ) -> None:
     """``minipic serve``; a configuration PIC cannot serve ends the process with one
     line, the last of the output, instead of a traceback."""
