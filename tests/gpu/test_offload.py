@@ -9,15 +9,18 @@ than the one that computed it; its records (kind, origin) come from its hash
 (`minipic_server.block_plan`), and its keys were stored at that origin.
 
 Oracle: the same prompts on a PIC server without offloading, spans in GPU memory and moved
-(`PIC_BF16`). The offloading server has a GPU cache of 256 blocks; before each final
-prompt, unrelated traffic pushes everything out of GPU memory, so every cached token comes
-back from CPU (the external-hit counter checks that it did).
+(`PIC_BF16`), in the same reading: the plain one and `minipic serve`'s default, the compact one,
+whose unread heads and tails a reloaded block must also get right. The offloading server has a
+GPU cache of 256 blocks; before each final prompt, unrelated traffic pushes everything out of
+GPU memory, so every cached token comes back from CPU (the external-hit counter checks that it
+did).
 """
 
 from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 import pytest
 from test_gpu_serving import PIC_BF16, assert_same_answer, pic_prompts
@@ -66,10 +69,16 @@ def external_hits(server: RunningServer, at_least: float, timeout: float = 10.0)
     return value
 
 
+@pytest.fixture(scope="module", params=[False, None], ids=["plain", "compact-default"])
+def compact(request: pytest.FixtureRequest) -> bool | None:
+    """The servers' reading (`ServerSpec.compact`)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def resident(server_pool: ServerPool) -> list[Completion]:
+def resident(server_pool: ServerPool, compact: bool | None) -> list[Completion]:
     """The final prompts answered with every span in GPU memory and moved (no offloading)."""
-    server = server_pool.get(PIC_BF16)
+    server = server_pool.get(replace(PIC_BF16, compact=compact))
     parts, prompts, cached = offload_prompts()
     for part in parts:
         prefill(server, list(part.tokens))
@@ -78,8 +87,8 @@ def resident(server_pool: ServerPool) -> list[Completion]:
     return answers
 
 
-def test_spans_reloaded_from_cpu_answer_like_resident_spans(server_pool: ServerPool, resident) -> None:
-    server = server_pool.get(PIC_OFFLOAD)
+def test_spans_reloaded_from_cpu_answer_like_resident_spans(server_pool: ServerPool, compact, resident) -> None:
+    server = server_pool.get(replace(PIC_OFFLOAD, compact=compact))
     assert "OffloadingConnector" in server.log_path.read_text(errors="replace")  # "Creating v1 connector ..."
     parts, prompts, cached = offload_prompts()
     for part in parts:
