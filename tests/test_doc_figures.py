@@ -56,6 +56,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-cpu-ranked-compact.json.gz": 2,  # --compact, single facts: full, the default
     "accuracy-families-smollm2-cpu-ranked-compact-fast.json.gz": 4,  # --compact, single facts: full, 3 fast layouts
     "accuracy-families-smollm2-cpu-ranked-bridge-compact.json.gz": 2,  # --compact, bridge: full, the default
+    "accuracy-families-smollm2-cpu-ranked-lead-text-compact.json.gz": 2,  # --compact: full, no second copy
     "accuracy-families-smollm2-cpu-ranked-bridge-plain.json.gz": 2,  # the same without --compact
 }
 
@@ -2090,6 +2091,25 @@ def test_the_bridge_pairing_with_and_without_compact_matches_its_results() -> No
     accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"the default is right on {gained} bridge questions only with `--compact` and {lost} only without "
             f"({p})") in accuracy  # fmt: skip
+
+
+def test_the_first_passage_read_once_under_compact_pairing_matches_its_results() -> None:
+    once = _result("accuracy-families-smollm2-cpu-ranked-lead-text-compact.json.gz")["families"]["single"]
+    twice_run = _result("accuracy-families-smollm2-cpu-ranked-compact.json.gz")["families"]["single"]
+    twice = {q["id"]: q for q in twice_run["questions"]}
+    answers = []
+    for question in once["questions"]:
+        other = twice[question["id"]]
+        assert question["passages"] == other["passages"]
+        assert question["answers"]["full"]["correct"] == other["answers"]["full"]["correct"]
+        answers.append({"once": question["answers"]["lead_text_refreshed_heads"],
+                        "twice": other["answers"]["lead_text_repeat_refreshed_heads"]})  # fmt: skip
+    gained, lost, p = _pairing(answers, "once", "twice")
+    first = sum(question["gold_positions"][0] == 0 for question in once["questions"])
+    accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert (f"it is right on {gained} questions the default misses and misses {lost} the default gets ({p}), "
+            f"though the answering passage is the first one, read as text, in {first} of the "
+            f"{len(once['questions'])} prompts") in accuracy  # fmt: skip
 
 
 def test_the_fast_layouts_under_compact_pairing_matches_its_results() -> None:
