@@ -1842,6 +1842,12 @@ def test_the_default_readings_acceptance_figures_match_their_results() -> None:
     assert (f"loses {-default * 100:.1f} points where Block-Attention loses {-block * 100:.1f} (it wins back "
             f"{(block - default) / block:.0%} of that loss") in text  # fmt: skip
     assert f"{share:.1%} of a Table 1 final prompt comes from the cache" in text
+    summary = {family: _result(DEFAULT_READING)["families"][family]["summary"] for family in ("single", "synthetic")}
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"single facts {summary['single']['lead_text_repeat_refreshed_heads']['accuracy']:.1%} against full "
+            f"attention's {summary['single']['full']['accuracy']:.1%}, bridge questions {default * 100:+.1f} points "
+            f"(Block-Attention {block * 100:+.1f}), synthetic ones "
+            f"{summary['synthetic']['lead_text_repeat_refreshed_heads']['vs_full']['difference'] * 100:+.1f}") in readme
 
 
 def test_the_first_passage_last_matches_its_results() -> None:
