@@ -153,6 +153,7 @@ def test_benchmark_tables_are_printed_from_their_results() -> None:
 
 
 ISPS, STOCK_FA3 = "minipic ISPS, max-num-seqs 256", "stock FA3"
+COMPACT_ISPS = "minipic ISPS --compact, max-num-seqs 256"  # `served.py`'s pic-256-compact row
 INLINE = "minipic ISPS inline spans, max-num-seqs 256"
 LATEST = "served-h200-table1-8b98355.json"  # Table 1 with the block and refreshed-heads layouts in one run
 DEFAULT_H100 = "served-h100-table1-c3c9f9e-default.json"  # Table 1 with the SDK's default layout
@@ -1801,8 +1802,7 @@ def test_the_knob_at_a_glance_matches_its_results() -> None:
     assert (f"single facts right (full attention: {single['full']['accuracy']:.1%}) | vs full attention | "
             f"plain reading (full attention: {plain['full']['accuracy']:.1%})") in doc  # fmt: skip
     compact_run = "served-h200-table1-ddfd684-compact.json"
-    compact_row = "minipic ISPS --compact, max-num-seqs 256"
-    compact, compact_stock = (_table1_medians(compact_run, row)[1] for row in (compact_row, STOCK_FA3))
+    compact, compact_stock = (_table1_medians(compact_run, row)[1] for row in (COMPACT_ISPS, STOCK_FA3))
     h200_plain = _table1_medians("served-h200-table1-ddfd684-plain-reading.json", ISPS)[1]
     h100, h100_stock = (_table1_medians(DEFAULT_H100, row)[1] for row in (ISPS, STOCK_FA3))
     stock = _table1_medians(LATEST, STOCK_FA3)[1]
@@ -2049,13 +2049,17 @@ def test_the_refreshed_compact_emulation_matches_its_results() -> None:
     ))  # fmt: skip
 
 
-def _cross_run_pairing(result: str, other: str, layout: str, family: str = "single") -> tuple[int, int, str]:
-    """`_pairing` of `layout`'s answers to `family` in two runs of the same questions."""
+def _cross_run_pairing(
+    result: str, other: str, layout: str, family: str = "single", other_layout: str | None = None
+) -> tuple[int, int, str]:
+    """`_pairing` of `layout`'s answers to `family` in `result` against `other_layout`'s (the
+    same layout by default) in `other`, a run of the same questions."""
     theirs = {q["id"]: q for q in _result(other)["families"][family]["questions"]}
     answers = []
     for question in _result(result)["families"][family]["questions"]:
-        assert question["passages"] == theirs[question["id"]]["passages"]
-        answers.append({"here": question["answers"][layout], "there": theirs[question["id"]]["answers"][layout]})
+        there = theirs[question["id"]]
+        assert question["passages"] == there["passages"]
+        answers.append({"here": question["answers"][layout], "there": there["answers"][other_layout or layout]})
     return _pairing(answers, "here", "there")
 
 
@@ -2109,7 +2113,7 @@ def test_table1_on_a_compact_server_figures_match_their_results() -> None:
     server and on a plain one (stock's runs are in the first file only)."""
     compact, plain = "served-h200-table1-ddfd684-compact.json", "served-h200-table1-ddfd684-plain-reading.json"
     stock = _table1_medians(compact, STOCK_FA3)[1]
-    ours = _table1_medians(compact, "minipic ISPS --compact, max-num-seqs 256")[1]
+    ours = _table1_medians(compact, COMPACT_ISPS)[1]
     other = _table1_medians(plain, ISPS)[1]
 
     def per_sample(run: dict) -> float:
@@ -2161,17 +2165,12 @@ def test_the_bridge_pairing_with_and_without_compact_matches_its_results() -> No
 
 
 def test_the_first_passage_read_once_under_compact_pairing_matches_its_results() -> None:
-    once = _result("accuracy-families-smollm2-cpu-ranked-lead-text-compact.json.gz")["families"]["single"]
-    twice_run = _result("accuracy-families-smollm2-cpu-ranked-compact.json.gz")["families"]["single"]
-    twice = {q["id"]: q for q in twice_run["questions"]}
-    answers = []
-    for question in once["questions"]:
-        other = twice[question["id"]]
-        assert question["passages"] == other["passages"]
-        assert question["answers"]["full"]["correct"] == other["answers"]["full"]["correct"]
-        answers.append({"once": question["answers"]["lead_text_refreshed_heads"],
-                        "twice": other["answers"]["lead_text_repeat_refreshed_heads"]})  # fmt: skip
-    gained, lost, p = _pairing(answers, "once", "twice")
+    once_run, twice_run = ("accuracy-families-smollm2-cpu-ranked-lead-text-compact.json.gz",
+                           "accuracy-families-smollm2-cpu-ranked-compact.json.gz")  # fmt: skip
+    assert _cross_run_pairing(once_run, twice_run, "full")[:2] == (0, 0)  # full attention answers each alike
+    gained, lost, p = _cross_run_pairing(once_run, twice_run, "lead_text_refreshed_heads",
+                                         other_layout="lead_text_repeat_refreshed_heads")  # fmt: skip
+    once = _result(once_run)["families"]["single"]
     first = sum(question["gold_positions"][0] == 0 for question in once["questions"])
     accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"it is right on {gained} questions the default misses and misses {lost} the default gets ({p}), "
