@@ -168,7 +168,8 @@ def visibility(ids: Sequence[int], info: ServerInfo, changes: Sequence[str]) -> 
     itself = pos[:, None] == pos[None, :]
     opens_block = pos % block == 0
     if "compact" in changes:  # the protocol's unread tokens: PDep markers opening a block, and pads
-        seen &= ~torch.tensor(unread_of_prompt(ids, block, info.markers))[None, :] | itself
+        unread = torch.tensor(unread_of_prompt(ids, block, info.markers))
+        seen &= ~unread[None, :] | unread[:, None]  # an unread row reads causally (no read row sees it)
     if "hide-pdep" in changes:
         seen &= ~((tokens == info.pdep_token_id) & opens_block)[None, :] | itself
     if "hide-spans" in changes:

@@ -141,8 +141,9 @@ def check_against_rule(segments: list[Segment], vocabulary: Vocabulary) -> None:
 class HFReference:
     """`embedded_as`: token ids the model reads through another token's embedding (the
     server's ``--embed-markers-as``); the mask and the output head still see the ids.
-    `compact`: the compact reading (``--compact``): unread tokens seen by no other token and the
-    positions `minipic_protocol.compact` gives (per token, the protocol's scalar rule)."""
+    `compact`: the compact reading (``--compact``): unread tokens seen by no read token (they
+    read causally) and the positions `minipic_protocol.compact` gives (per token, the
+    protocol's scalar rule)."""
 
     def __init__(
         self,
@@ -165,7 +166,7 @@ class HFReference:
             return seen, torch.arange(len(ids))
         markers = self.vocabulary.roles
         unread = torch.tensor(unread_of_prompt(ids, BLOCK_SIZE, markers))
-        seen &= ~unread[None, :] | torch.eye(len(ids), dtype=torch.bool)
+        seen &= ~unread[None, :] | unread[:, None]
         return seen, torch.tensor(compact_positions_of_prompt(ids, BLOCK_SIZE, markers))
 
     @torch.no_grad()

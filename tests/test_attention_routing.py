@@ -120,8 +120,9 @@ def _step(
     reqs: list[tuple[int, int]],
     moved: list[bool] | None = None,
     unread: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kinds: torch.Tensor = LAYOUT,
 ) -> StepTensors:
-    """The step's tensors for requests over `LAYOUT`, (seq_len, query_len) each, every block at
+    """The step's tensors for requests over `kinds`, (seq_len, query_len) each, every block at
     its origin but those of the requests ``moved`` flags; in the compact reading with ``unread``."""
     table = torch.tensor([t + [0] * (8 - len(t)) for t in tables], dtype=torch.int32)
     seq_lens = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
@@ -129,7 +130,7 @@ def _step(
     origin = torch.zeros(len(LAYOUT), dtype=torch.int32)
     for row in tables:
         origin[row] = torch.arange(len(row), dtype=torch.int32)
-    step = derive_step_tensors_reference(table, LAYOUT, origin, qsl, seq_lens, BS, unread, int(qsl[-1]))
+    step = derive_step_tensors_reference(table, kinds, origin, qsl, seq_lens, BS, unread, int(qsl[-1]))
     if moved is not None:
         step.flags[MOVED] = torch.tensor(moved)
     return step
@@ -207,3 +208,22 @@ def test_requests_the_compact_reading_shifts_or_masks_go_to_the_tile_kernel() ->
     assert routes is not None and routes.scratch is None
     assert routes.tiles is not None and routes.tiles.tolist() == [1, 1, 0]
     assert routes.at_origin is not None and routes.at_origin.tolist() == [0, 0, BS]
+
+
+def test_unread_keys_after_every_read_row_keep_the_stock_kernel() -> None:
+    """An unread row reads causally (`compact_shifts.read_keys`), so an SSep span prefilled
+    alone, whose pads end it, is causal attention in the compact reading and keeps the stock
+    kernel over the cache, as does a step computing only those pads; a request with a read row
+    after an unread key (here the PDep head opening it) is masked and goes to the tile kernel."""
+    kinds = LAYOUT.clone()
+    kinds[3] = BlockKind.SSEP
+    unread = ((kinds == BlockKind.PDEP).to(torch.int32), torch.zeros(len(kinds), dtype=torch.int32))
+    unread[1][4] = 5  # the span [3, 4] ends with pads
+    reqs = [(2 * BS, 2 * BS), (2 * BS, 3), (2 * BS, 2 * BS)]  # the span | its last three pads | a PDep question
+    step = _step([[3, 4], [3, 4], [7, 8]], reqs, unread=unread, kinds=kinds)
+    assert step.hidden.tolist() == [1, 1, 1]  # the kernels would still mask unread keys from read rows
+    assert step.masked.tolist() == [0, 0, 1] and step.compactable.tolist() == [0, 0, 0]
+    routes = _plan([q for _, q in reqs], [s for s, _ in reqs]).routed(step).routes
+    assert routes is not None and routes.scratch is None
+    assert routes.at_origin is not None and routes.at_origin.tolist() == [2 * BS, 0, 0]
+    assert routes.tiles is not None and routes.tiles.tolist() == [0, 0, 1]

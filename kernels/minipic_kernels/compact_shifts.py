@@ -14,7 +14,8 @@ position is then its index less one *shift* per logical block of the request:
   (a hidden head then overlaps the positions of the in-context copy before it).
 
 Attention rotates each query by minus its block's shift and each key by its block's move
-less its shift (`step_tensors.StepTensors.key_shift`), and masks unread keys (`read_keys`).
+less its shift (`step_tensors.StepTensors.key_shift`), and masks unread keys from read rows
+(`read_keys`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def compact_shifts_per_block(
 def read_keys(
     key_slots: torch.Tensor, key_head: torch.Tensor, key_tail: torch.Tensor, block_size: int
 ) -> torch.Tensor:
-    """Whether a key at slot ``key_slots`` of a block with these unread head and tail is read
-    by other tokens (broadcast tensors)."""
+    """Whether the token at slot ``key_slots`` of a block with these unread head and tail is
+    read (broadcast tensors). A read row sees only read keys; an unread row (a pad or a PDep
+    marker, whose output no read token sees) reads causally, so a request whose unread keys all
+    come after its read rows is plain causal attention (`step_tensors`: FlashAttention-3 may
+    compute it)."""
     return (key_slots >= key_head) & (key_slots < block_size - key_tail)

@@ -126,7 +126,8 @@ def paged_rope_attention_reference(
     them for this step. In the compact reading (`compact_shifts`) ``key_shift`` and
     ``query_shift`` (`StepTensors`) are required: each query row is rotated back by its
     block's shift (in ``query.dtype``, as the Triton kernels round it) and ``unread`` (the
-    ``(unread_head, unread_tail)`` records) hides unread keys from every row but their own.
+    ``(unread_head, unread_tail)`` records) hides unread keys from every read row (an unread
+    row reads causally: `compact_shifts.read_keys`).
     Returns ``output`` (allocated like ``query`` when not given) holding
     ``(num_tokens, num_q_heads, head_size)`` results in ``query.dtype``.
     """
@@ -164,7 +165,7 @@ def paged_rope_attention_reference(
         if unread is not None:
             key_blocks = blocks[key_positions // block_size]
             read = read_keys(key_positions % block_size, unread[0][key_blocks], unread[1][key_blocks], block_size)
-            allowed &= read[None, :] | (key_positions[None, :] == q_positions[:, None])
+            allowed &= read[None, :] | ~read[q_positions][:, None]
         q = query[q_begin:q_end]
         if query_shift is not None:
             q = rotate(q, -query_shift[q_begin:q_end], cos_sin, rotary_dim, is_neox).to(query.dtype)

@@ -104,7 +104,9 @@ def derive_step_tensors_reference(
         key_shift = key_shift - shifts
         bt = block_table.long()
         unread_keys = (((head[bt] > 0) | (tail[bt] > 0)) & in_request).any(dim=1)
-        shifted = unread_keys | ((shifts != 0) & in_request).any(dim=1)
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        before_read = _unread_before_read_rows(head[bt], tail[bt], seq_lens, q_lens, block_size)
+        shifted = before_read | ((shifts != 0) & in_request).any(dim=1)
         hidden, masked = hidden | unread_keys, masked | shifted
         compactable = compactable & ~shifted
         query_shift = _query_rows_shift(shifts, query_start_loc, seq_lens, block_size, num_tokens)
@@ -117,6 +119,22 @@ def derive_step_tensors_reference(
     kept_rank = torch.where(kept, torch.cumsum(kept, dim=1) - 1, -1).to(torch.int32)
     kept_len = (seq_lens - block_size * (in_request & ~kept).sum(dim=1)).to(torch.int32)
     return StepTensors(window_starts, flags, kept_len, kept_rank, key_shift.to(torch.int32), query_shift)
+
+
+def _unread_before_read_rows(
+    head: torch.Tensor, tail: torch.Tensor, seq_lens: torch.Tensor, q_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Per request: whether an unread key comes before one of its read query rows. Without one,
+    the compact reading is causal attention for it (an unread row reads causally:
+    `compact_shifts.read_keys`), as a span prefill, whose pads end it, is."""
+    starts = torch.arange(head.shape[1], device=head.device)[None, :] * block_size
+    ends = seq_lens[:, None]
+    present = (ends - starts).clamp(0, block_size)
+    first_unread = torch.where(head > 0, starts, torch.where(tail > 0, starts + block_size - tail, ends))
+    first_unread = torch.where(first_unread < ends, first_unread, ends).amin(dim=1)
+    read_end = torch.minimum(present, block_size - tail)
+    last_read = torch.where(read_end > head, starts + read_end - 1, -1).amax(dim=1)
+    return (first_unread < last_read) & (last_read >= seq_lens - q_lens)
 
 
 def _query_rows_shift(
@@ -234,6 +252,21 @@ def _compact_shifts(start, blk, valid, phys, kind, window, seq_len, num_blocks, 
 
 
 @triton.jit
+def _unread_and_read_ends(blk, valid, phys, seq_len, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr):
+    """The chunk's first unread slot (``seq_len`` if none) and last read one (-1 if none), as
+    token positions (`_unread_before_read_rows`)."""
+    head = tl.load(unread_head_ptr + phys, mask=valid, other=0)
+    tail = tl.load(unread_tail_ptr + phys, mask=valid, other=0)
+    start = blk * KV_BLOCK_SIZE
+    present = tl.minimum(tl.maximum(seq_len - start, 0), KV_BLOCK_SIZE)
+    first_unread = tl.where(head > 0, start, tl.where(tail > 0, start + KV_BLOCK_SIZE - tail, seq_len))
+    first_unread = tl.where(valid & (first_unread < seq_len), first_unread, seq_len)
+    read_end = tl.minimum(present, KV_BLOCK_SIZE - tail)
+    last_read = tl.where(valid & (read_end > head), start + read_end - 1, -1)
+    return tl.min(first_unread, 0), tl.max(last_read, 0)
+
+
+@triton.jit
 def _store_query_shifts(query_shift_ptr, shift, start, blk, valid, q_begin, q_len, seq_len, num_tokens,
                         KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr):
     """Each query row of the request in the chunk's blocks (below ``num_tokens``) gets its block's
@@ -275,7 +308,9 @@ def _derive_step_kernel(
     read_before = tl.full((), 0, tl.int32)  # compact: read tokens before the chunk
     span_shift = tl.full((), 0, tl.int32)  # compact: the shift of the span open at the chunk's start
     unread_keys = tl.full((), 0, tl.int32)
-    shifted = tl.full((), 0, tl.int32)  # compact: unread keys or a shift among the request's blocks
+    shifted = tl.full((), 0, tl.int32)  # compact: a shift among the request's blocks, or an unread key read past
+    first_unread = seq_len  # compact: the request's first unread key
+    last_read = tl.full((), -1, tl.int32)  # compact: its last read token
     for start in range(0, num_blocks, CHUNK):
         blk = start + tl.arange(0, CHUNK)
         valid = blk < num_blocks
@@ -299,6 +334,10 @@ def _derive_step_kernel(
             key_shift -= shift
             unread_keys = tl.maximum(unread_keys, tl.max((in_request & has_unread).to(tl.int32), 0))
             shifted = tl.maximum(shifted, tl.max((in_request & (shift != 0)).to(tl.int32), 0))
+            chunk_unread, chunk_read = _unread_and_read_ends(blk, valid, phys, seq_len, unread_head_ptr,
+                                                             unread_tail_ptr, KV_BLOCK_SIZE)  # fmt: skip
+            first_unread = tl.minimum(first_unread, chunk_unread)
+            last_read = tl.maximum(last_read, chunk_read)
             _store_query_shifts(query_shift_ptr, shift, start, blk, valid, q_begin, q_len, seq_len, num_tokens,
                                 KV_BLOCK_SIZE, CHUNK)  # fmt: skip
         tl.store(key_shift_ptr + out_row + blk, key_shift, mask=valid)
@@ -314,7 +353,9 @@ def _derive_step_kernel(
         span_rows = tl.maximum(span_rows, tl.max((rows & (window >= 0)).to(tl.int32), 0))
     if COMPACT:
         hidden = tl.maximum(hidden, unread_keys)
-        shifted = tl.maximum(shifted, unread_keys)
+        # Causal attention but for a read query row after an unread key (`_unread_before_read_rows`).
+        before_read = (first_unread < last_read) & (last_read >= seq_len - q_len)
+        shifted = tl.maximum(shifted, before_read.to(tl.int32))
         if req == tl.num_programs(0) - 1:  # padding rows after the last request's: no shift
             for pad_start in range(tl.load(query_start_loc_ptr + req + 1), num_tokens, CHUNK):
                 pad = pad_start + tl.arange(0, CHUNK)

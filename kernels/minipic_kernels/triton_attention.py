@@ -36,7 +36,7 @@ load those records, behind a branch uniform over the program: paid by every requ
 dependent load slowed decode by 8-13% of FA3's time (docs/benchmarks.md, "Latest"). In the
 compact reading (``COMPACT``, a compiled variant per server) the same branch, taken by the
 requests with unread keys too (`StepTensors.hidden`), loads each block's unread head and
-tail and masks those keys for every row but their own; and each program rotates its query
+tail and masks those keys from every read row (an unread row reads causally); and each program rotates its query
 tile back by its rows' compact shifts once, in registers (`_rotated_query`), where a torch
 rotation before attention cost about ten fp32 copies of the step's queries per layer.
 
@@ -262,13 +262,25 @@ def _per_key_record(record_ptr, phys, ok, TILE_BLOCKS: tl.constexpr, TILE_ROWS: 
 
 
 @triton.jit
+def _unread_rows(q_pos, seq_len, bt_row_ptr, stride_btb, unread_head_ptr, unread_tail_ptr,
+                 KV_BLOCK_SIZE: tl.constexpr):
+    """``[rows]``: whether each row's token is unread (`compact_shifts.read_keys`), so reads causally."""
+    ok = q_pos < seq_len
+    phys = tl.load(bt_row_ptr + (q_pos // KV_BLOCK_SIZE) * stride_btb, mask=ok, other=0).to(tl.int64)
+    head = tl.load(unread_head_ptr + phys, mask=ok, other=0)
+    tail = tl.load(unread_tail_ptr + phys, mask=ok, other=0)
+    slot = q_pos % KV_BLOCK_SIZE
+    return ok & ((slot < head) | (slot >= KV_BLOCK_SIZE - tail))
+
+
+@triton.jit
 def _shown_keys(n0, offs_n, seq_len, q_pos, win_start, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr,
                 unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
                 UNREAD: tl.constexpr):
     """``[rows, BLOCK_N]``: whether the block records let each row see each key of the tile
     (`block_kinds.visible`): a hidden block's keys only by the rows of the span it opens; with
-    ``UNREAD`` (the compact reading) an unread key (`compact_shifts.read_keys`) only by its own
-    row. One load per record and KV block of the tile, broadcast to its keys."""
+    ``UNREAD`` (the compact reading) an unread key (`compact_shifts.read_keys`) only by unread
+    rows. One load per record and KV block of the tile, broadcast to its keys."""
     _, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
     kinds = _per_key_record(block_kind_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
     own_head = (offs_n - offs_n % KV_BLOCK_SIZE)[None, :] == win_start[:, None]
@@ -278,7 +290,9 @@ def _shown_keys(n0, offs_n, seq_len, q_pos, win_start, bt_row_ptr, stride_btb, b
         head = _per_key_record(unread_head_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
         tail = _per_key_record(unread_tail_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
         read = (slot >= head) & (slot < KV_BLOCK_SIZE - tail)
-        shown = shown & (read[None, :] | (offs_n[None, :] == q_pos[:, None]))
+        unread_rows = _unread_rows(q_pos, seq_len, bt_row_ptr, stride_btb, unread_head_ptr, unread_tail_ptr,
+                                   KV_BLOCK_SIZE)  # fmt: skip
+        shown = shown & (read[None, :] | unread_rows[:, None])
     return shown
 
 
@@ -292,7 +306,7 @@ def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, 
                  DOT_PRECISION: tl.constexpr):
     """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``, each row
     masked by `block_kinds.visible` (causal, its window, hidden blocks other than its own
-    span's head) and, with ``UNREAD``, unread keys other than its own; with ``MOVE`` (a request
+    span's head) and, with ``UNREAD``, unread keys from read rows; with ``MOVE`` (a request
     reading some block shifted) each key tile is first rotated by its blocks' shifts (`_tile_scores`).
 
     The record mask costs a record load per KV block of each tile, after the block-table
