@@ -38,10 +38,10 @@ def serve(
     ),
     compact: bool | None = typer.Option(
         None, "--compact/--no-compact",
-        help="The compact reading (the default): pads and PDep markers unread and given no position, so the "
-        "model reads a MiniPIC prompt at the plain prompt's positions. --no-compact: the plain reading, for "
-        "models trained to read the markers (docs/accuracy.md).  [default: the minipic section's compact, "
-        "else compact]",
+        help="The compact reading: pads and PDep markers unread and given no position, so the model reads a "
+        "MiniPIC prompt at the plain prompt's positions; the default unless the minipic section of "
+        "--additional-config sets compact false. --no-compact: the plain reading, for models trained to read "
+        "the markers (docs/accuracy.md).",
         show_default=False,
     ),
 ) -> None:
