@@ -83,6 +83,7 @@ CASE_NAMES = [
     "compact_query_rotation_f16_compact_partial_gptj_bs32",
     "hidden_flag_gates_the_mask",
     "refreshed_heads_on_the_stock_kernel",
+    "compact_tails_on_the_stock_kernel",
     "write_kv",
     "write_kv_gptj",
     "write_then_attend_float32_dense",

@@ -582,9 +582,35 @@ def step_derivation_case(steps: int = 120) -> dict:
             "detail": f"compactable requests {compactable}; {mismatches[:5]}"}  # fmt: skip
 
 
+def compact_tails_on_the_stock_kernel_case() -> dict:
+    """In the compact reading a prefill whose unread keys all follow its read rows (each
+    request's last two keys here, as the pads ending a span prefill) is causal attention, an
+    unread row reading causally (`compact_shifts.read_keys`): the stock kernel computes every
+    prefill row over the cache, and the step equals the reference."""
+    case = next(c for c in CASES if c.name == "f32_compact_tails_dense_at_origin")
+    inputs = build(case)
+    launches = []
+
+    def stock(query: torch.Tensor, key_pages: torch.Tensor, value_pages: torch.Tensor, page_table: torch.Tensor,
+              query_start_loc: torch.Tensor, query_used: torch.Tensor, *rest: Any) -> None:
+        launches.append(query_used.tolist())
+        paged_causal_attention_reference(query, key_pages, value_pages, page_table, query_start_loc, query_used,
+                                         *rest)  # fmt: skip
+
+    out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
+    step = _compact_step(case, inputs)
+    ref = paged_rope_attention_reference(**inputs, key_shift=step.key_shift, query_shift=step.query_shift)
+    max_err = float((out - ref).abs().nan_to_num(float("inf")).max())
+    prefill_rows = [q if q > triton_attention.decode_query_limit(case.group) else 0 for _, q in case.reqs]
+    ok = max_err <= 1e-3 and launches == [prefill_rows]
+    return {"name": "compact_tails_on_the_stock_kernel", "ok": ok, "max_err": max_err, "tol": 1e-3,
+            "detail": f"launches={launches}"}  # fmt: skip
+
+
 EXTRA_CASES: dict[str, Callable[[], dict]] = {
     "step_derivation": step_derivation_case,
     "refreshed_heads_on_the_stock_kernel": refreshed_heads_on_the_stock_kernel_case,
+    "compact_tails_on_the_stock_kernel": compact_tails_on_the_stock_kernel_case,
     "hidden_flag_gates_the_mask": hidden_flag_gates_the_mask_case,
     **{f"compact_query_rotation_{name}": (lambda name=name: compact_query_rotation_case(name))
        for name in ("f32_compact_tiles", "f16_compact_gptj_d128", "f16_compact_partial_gptj_bs32")},
