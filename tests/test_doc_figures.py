@@ -1805,10 +1805,15 @@ def test_the_knob_at_a_glance_matches_its_results() -> None:
     compact, compact_stock = (_table1_medians(compact_run, row)[1] for row in (COMPACT_ISPS, STOCK_FA3))
     h200_plain = _table1_medians("served-h200-table1-ddfd684-plain-reading.json", ISPS)[1]
     h100, h100_stock = (_table1_medians(DEFAULT_H100, row)[1] for row in (ISPS, STOCK_FA3))
+    h100_compact, h100_compact_stock = (
+        _table1_medians("served-h100-table1-c02c4f7-compact.json", row)[1]["samples_per_s"]
+        for row in (COMPACT_ISPS, STOCK_FA3)
+    )
     stock = _table1_medians(LATEST, STOCK_FA3)[1]
     ratios = {
         "lead-text-repeat-refreshed-heads": (
-            f"{compact['samples_per_s'] / compact_stock['samples_per_s']:.2f}x (H200, ddfd684); plain reading "
+            f"{compact['samples_per_s'] / compact_stock['samples_per_s']:.2f}x (H200, ddfd684), "
+            f"{h100_compact / h100_compact_stock:.2f}x (H100, c02c4f7); plain reading "
             f"{h200_plain['samples_per_s'] / compact_stock['samples_per_s']:.2f}x (H200), "
             f"{h100['samples_per_s'] / h100_stock['samples_per_s']:.2f}x (H100)"
         ),
@@ -2185,3 +2190,35 @@ def test_the_fast_layouts_under_compact_pairing_matches_its_results() -> None:
     accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert (f"({pct(before['refreshed_heads']['accuracy'])}% at aeb0975: {gained} right only with `--compact`, "
             f"{lost} only without, {p})") in accuracy  # fmt: skip
+
+
+def test_the_default_on_a_compact_h100_server_matches_its_results() -> None:
+    """docs/benchmarks.md's section on unread rows read causally (H100, c02c4f7): the GPU
+    suites, Table 1's ratio, tokens a sample and token rate, and the cross-lease estimate."""
+    run = "served-h100-table1-c02c4f7-compact.json"
+    stock, ours = (_table1_medians(run, row)[1] for row in (STOCK_FA3, COMPACT_ISPS))
+    text = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    gpu, reference = (_result(f"gpu-test-h100-c02c4f7-{suite}.json") for suite in ("gpu-suite", "reference-suite"))
+    assert (f"tests/gpu {gpu['passed']}/{gpu['passed']} ({gpu['seconds']:.0f} s) and the reference suites "
+            f"{reference['passed']}/{reference['passed']} ({reference['seconds']:.0f} s)") in text  # fmt: skip
+    assert not gpu["failed"] and not reference["failed"] and gpu["commit"] == reference["commit"] == "c02c4f7"
+    ratio = ours["samples_per_s"] / stock["samples_per_s"]
+    assert f"Table 1 with the default, {ratio:.2f}x on an H100" in text
+    assert f"**{ratio:.2f}x stock on an H100**" in text
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"the default runs Table 1 at {ratio:.2f}x stock on that commit" in readme
+
+    def per_sample(row: dict) -> float:
+        return row["computed_prompt_tokens_per_s"] / row["samples_per_s"]
+
+    assert f"{ours['final_cached_fraction']:.1%} of the final prompts come from the cache" in text
+    rate = ours["computed_prompt_tokens_per_s"] / stock["computed_prompt_tokens_per_s"]
+    assert (f"computes {per_sample(ours):,.0f} prompt tokens a sample against stock's {per_sample(stock):,.0f}, at "
+            f"{rate:.2f}x stock's token rate") in text  # fmt: skip
+    before = next(r for r in _result("served-h100-table1-27c8b39-readings-profile.json")["table1"]
+                  if r["server"] == "pic-256-compact")  # fmt: skip
+    other_stock = _table1_medians(DEFAULT_H100, STOCK_FA3)[1]["samples_per_s"]
+    estimate = before["samples_per_s"] / other_stock
+    assert (f"ran {before['samples_per_s']:.1f} samples/s (one run, no stock in that lease), stock on the c3c9f9e "
+            f"lease {other_stock:.1f}, so {estimate:.2f}x, against {ratio:.2f}x here") in text  # fmt: skip
+    assert f"(stock here ran {stock['samples_per_s'] / other_stock:.2f}x that lease's stock)" in text
