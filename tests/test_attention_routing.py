@@ -53,9 +53,9 @@ def _routed(plan: StepPlan, masked: list[bool], misplaced: list[bool], seq_lens:
     flags[MOVED], flags[2] = torch.tensor(misplaced), torch.tensor(masked)
     lengths = torch.tensor(seq_lens, dtype=torch.int32)
     in_request = torch.arange(8)[None, :] * BS < lengths[:, None]
-    kept_rank = torch.where(in_request, torch.arange(8), -1).to(torch.int32)
+    kept_start = torch.where(in_request, torch.arange(8) * BS, -1).to(torch.int32)
     no_shift = torch.zeros(len(seq_lens), 8, dtype=torch.int32)
-    step = StepTensors(torch.full((len(seq_lens), 8), -1, dtype=torch.int32), flags, lengths, kept_rank, no_shift)
+    step = StepTensors(torch.full((len(seq_lens), 8), -1, dtype=torch.int32), flags, lengths, kept_start, no_shift)
     return plan.routed(step)
 
 
@@ -127,7 +127,7 @@ def _step(
     table = torch.tensor([t + [0] * (8 - len(t)) for t in tables], dtype=torch.int32)
     seq_lens = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
     qsl = torch.tensor([0] + [q for _, q in reqs]).cumsum(0)
-    origin = torch.zeros(len(LAYOUT), dtype=torch.int32)
+    origin = torch.zeros(len(kinds), dtype=torch.int32)
     for row in tables:
         origin[row] = torch.arange(len(row), dtype=torch.int32)
     step = derive_step_tensors_reference(table, kinds, origin, qsl, seq_lens, BS, unread, int(qsl[-1]))
@@ -136,10 +136,17 @@ def _step(
     return step
 
 
+def _tokens(scratch: Scratch) -> list[list[int]]:
+    """The scratch token each logical block's first kept slot is copied to (-1: none), as
+    `rotate_into_pages` places it."""
+    start = scratch.page_start[:, None] * BS
+    return torch.where((start >= 0) & (scratch.kept_start >= 0), start + scratch.kept_start, -1).tolist()
+
+
 def _pages(scratch: Scratch) -> list[list[int]]:
-    """The scratch page each logical block is copied to (-1: none), as `rotate_into_pages` places it."""
-    start = scratch.page_start[:, None]
-    return torch.where((start >= 0) & (scratch.kept_rank >= 0), start + scratch.kept_rank, -1).tolist()
+    """The scratch page each logical block is copied to (-1: none), blocks kept whole."""
+    assert all(t % BS == 0 for row in _tokens(scratch) for t in row if t >= 0)
+    return [[t // BS if t >= 0 else -1 for t in row] for row in _tokens(scratch)]
 
 
 def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_over_scratch() -> None:
@@ -193,28 +200,37 @@ def test_compactable_requests_over_the_scratch_budget_go_to_the_tile_kernel() ->
     assert routes.at_origin is not None and routes.at_origin.tolist() == [0, 2 * BS]
 
 
-def test_requests_the_compact_reading_shifts_or_masks_go_to_the_tile_kernel() -> None:
-    """The scratch pre-pass moves keys by their origin alone (`rotary_pages`): in the compact
-    reading a request with unread keys (the PDep markers opening blocks) or shifted blocks is
-    masked and not compactable, so the final prompt's question, which reads scratch pages
-    outside the reading, goes to the tile kernel; a request over a block read whole keeps the
-    stock kernel over the cache."""
-    unread = ((LAYOUT == BlockKind.PDEP).to(torch.int32), torch.zeros(len(LAYOUT), dtype=torch.int32))
-    reqs = [(8 * BS, 2 * BS), (8 * BS, 8 * BS), (BS, BS)]
-    step = _step([FINAL_PROMPT, FINAL_PROMPT, [8]], reqs, unread=unread)
-    assert step.masked.tolist() == [1, 1, 0] and step.compactable.tolist() == [0, 0, 0]
-    assert step.hidden.tolist() == [1, 1, 0] and step.moved.tolist() == [1, 1, 0]
+def test_compact_final_prompts_read_their_kept_keys_from_scratch() -> None:
+    """In the compact reading a final prompt's question or last PDep head after cached spans (tail
+    pads, a PDep marker opening each block after a span, hidden heads) has unread keys before its
+    rows and a PDep marker as its first row, and none after its first read row: compactable, it
+    reads scratch pages holding only its kept tokens (read and not hidden), packed token by token;
+    a question whose last rows are pads (an unread row after a read one) and the whole prompt
+    (span rows) go to the tile kernel."""
+    kinds = torch.cat((LAYOUT, torch.tensor([BlockKind.PDEP, 0], dtype=torch.int8)))  # 9, 10: a padded question
+    unread = ((kinds == BlockKind.PDEP).to(torch.int32), torch.zeros(len(kinds), dtype=torch.int32))
+    unread[1][[1, 4, 6, 10]] = torch.tensor([2, 3, 5, 4], dtype=torch.int32)  # the prefix's and spans' pads
+    tables = [FINAL_PROMPT, FINAL_PROMPT[:7], FINAL_PROMPT[:6] + [9, 10], FINAL_PROMPT]
+    reqs = [(8 * BS, 2 * BS), (7 * BS, BS), (8 * BS, 2 * BS), (8 * BS, 8 * BS)]
+    step = _step(tables, reqs, unread=unread, kinds=kinds)
+    assert step.masked.tolist() == [1, 1, 1, 1] and step.compactable.tolist() == [1, 1, 0, 0]
     routes = _plan([q for _, q in reqs], [s for s, _ in reqs]).routed(step).routes
-    assert routes is not None and routes.scratch is None
-    assert routes.tiles is not None and routes.tiles.tolist() == [1, 1, 0]
-    assert routes.at_origin is not None and routes.at_origin.tolist() == [0, 0, BS]
+    assert routes is not None and routes.at_origin is None
+    assert routes.tiles is not None and routes.tiles.tolist() == [0, 0, 1, 1]
+    scratch = routes.scratch
+    assert scratch is not None and scratch.page_start.tolist() == [0, 8, -1, -1]
+    # Per logical block: 14 of the prefix's 16 tokens, 15 of each PDep block, 13 of the span's second.
+    question = [0, 14, -1, 29, 42, -1, 57, 72]
+    assert _tokens(scratch)[:2] == [question, [8 * BS + t if t >= 0 else -1 for t in question[:7]] + [-1]]
+    assert scratch.seq_used[:2].tolist() == [88, 72] and scratch.query_used.tolist() == [2 * BS, BS, 0, 0]
 
 
 def test_unread_keys_after_every_read_row_keep_the_stock_kernel() -> None:
-    """An unread row reads causally (`compact_shifts.read_keys`), so an SSep span prefilled
-    alone, whose pads end it, is causal attention in the compact reading and keeps the stock
-    kernel over the cache, as does a step computing only those pads; a request with a read row
-    after an unread key (here the PDep head opening it) is masked and goes to the tile kernel."""
+    """An unread row reads causally in the reference (`compact_shifts.read_keys`), so an SSep span
+    prefilled alone, whose pads end it, is causal attention in the compact reading and keeps the
+    stock kernel over the cache, as does a step computing only those pads; a request with a read
+    row after an unread key (here the PDep head opening it) is masked and reads its kept keys from
+    scratch pages (`test_compact_final_prompts_read_their_kept_keys_from_scratch`)."""
     kinds = LAYOUT.clone()
     kinds[3] = BlockKind.SSEP
     unread = ((kinds == BlockKind.PDEP).to(torch.int32), torch.zeros(len(kinds), dtype=torch.int32))
@@ -222,8 +238,9 @@ def test_unread_keys_after_every_read_row_keep_the_stock_kernel() -> None:
     reqs = [(2 * BS, 2 * BS), (2 * BS, 3), (2 * BS, 2 * BS)]  # the span | its last three pads | a PDep question
     step = _step([[3, 4], [3, 4], [7, 8]], reqs, unread=unread, kinds=kinds)
     assert step.hidden.tolist() == [1, 1, 1]  # the kernels would still mask unread keys from read rows
-    assert step.masked.tolist() == [0, 0, 1] and step.compactable.tolist() == [0, 0, 0]
+    assert step.masked.tolist() == [0, 0, 1] and step.compactable.tolist() == [0, 0, 1]
     routes = _plan([q for _, q in reqs], [s for s, _ in reqs]).routed(step).routes
-    assert routes is not None and routes.scratch is None
+    assert routes is not None and routes.tiles is None
     assert routes.at_origin is not None and routes.at_origin.tolist() == [2 * BS, 0, 0]
-    assert routes.tiles is not None and routes.tiles.tolist() == [0, 0, 1]
+    assert routes.scratch is not None and routes.scratch.query_used.tolist() == [0, 0, 2 * BS]
+    assert routes.scratch.seq_used[2] == 2 * BS - 1  # its PDep marker left out

@@ -12,9 +12,10 @@ exact for it:
   (FlashAttention-3 in vLLM) over the cache itself, as stock vLLM runs it;
 * **prefill over scratch pages**: window-free requests over misplaced blocks (a cached
   span placed after another prefix: ISPS final prompts), and requests whose rows all lie
-  outside spans and skip only hidden blocks before them (`compactable_requests`:
-  refreshed-heads final prompts): keys moved into scratch pages once (`rotary_pages`),
-  those hidden blocks left out, then the stock kernel over them;
+  outside spans and skip only keys before their read rows (`StepTensors.compactable`: hidden
+  blocks, refreshed-heads final prompts; in the compact reading also unread pads and markers,
+  any final prompt over cached spans): keys moved into scratch pages once (`rotary_pages`),
+  the skipped ones left out (`Scratch`), then the stock kernel over them;
 * **prefill with masks** (spans computed inside a prompt, or span rows among rows that
   must skip a hidden block: FlashAttention-3 can neither start a row's keys late nor skip a
   block for some rows only): the Triton tile kernel over the cache, skipping key tiles
@@ -38,7 +39,7 @@ from typing import Protocol
 
 import torch
 
-from minipic_kernels.rotary_pages import page_table, rotate_into_pages
+from minipic_kernels.rotary_pages import page_table, rotate_into_pages, rotate_queries_back
 from minipic_kernels.step_tensors import COMPACTABLE, MASKED, MOVED, StepTensors, derive_step_tensors
 from minipic_kernels.triton_attention import (
     AttentionConfig,
@@ -79,16 +80,29 @@ class PagedAttention(Protocol):
 @dataclasses.dataclass(frozen=True)
 class Scratch:
     """Scratch pages of the requests the stock kernel reads there: ``page_start`` (device)
-    gives each its first page, -1 for the others. A request's pages hold its blocks in
-    logical order (``kept_rank``), less the hidden blocks of a compactable request
-    (`compactable_requests`): its rows skip them all, and they all precede its rows, so the
-    stock kernel, placing the rows at the end of ``seq_used``, is exact without them."""
+    gives each its first page, -1 for the others. A request's pages hold the tokens it keeps
+    (`step_tensors.kept_slots`) in index order, token by token (``kept_start``): every key,
+    but for a compactable request (`StepTensors.compactable`) none of its hidden blocks and, in
+    the compact reading, none of its unread tokens.
+
+    Why the stock kernel, placing a request's ``q`` rows at the end of its ``seq_used`` keys,
+    is exact for a compactable request: its rows lie outside every span and come as
+    ``[u unread rows][r read rows]`` (u >= 0, none outside the compact reading) after every
+    hidden block and unread key, so its pages hold ``kept_ctx + r`` keys, the unread rows not
+    among them. Read row j then sits at index ``kept_ctx + j`` and sees exactly the kept keys up
+    to it: the keys its reading gives it (every key but hidden blocks and unread tokens). An
+    unread row sees a prefix of the kept keys (none at all where ``u > kept_ctx``: the stock
+    kernel gives it 0), finite, and no read row sees its output: the compact reading leaves
+    unread rows unspecified but finite (`compact_shifts.read_keys`). Positions come from the
+    rotations alone: each key by its block's ``key_shift`` (`rotate_into_pages`) and, in the
+    compact reading, each query row back by its ``query_shift`` (`rotate_queries_back`)."""
 
     page_start: torch.Tensor
     page_table: torch.Tensor  # (num_reqs, max_pages) scratch page ids
-    kept_rank: torch.Tensor  # each logical block's page after its request's first, -1: none (`StepTensors`)
+    kept_start: torch.Tensor  # each logical block's first token on the pages after its request's first (`StepTensors`)
+    compactable: torch.Tensor  # int8 per request (`StepTensors.compactable`): keeps only what its rows read
     query_used: torch.Tensor  # rows the stock kernel computes over the pages, per request
-    seq_used: torch.Tensor  # keys it reads there, per request: the length less the blocks left out
+    seq_used: torch.Tensor  # keys it reads there, per request: the tokens kept (`StepTensors.kept_len`)
     num_pages: int
     max_pages: int
 
@@ -128,9 +142,9 @@ class StepPlan:
         masks, compacts, misplaces = (flags[row].tolist() for row in (MASKED, COMPACTABLE, MOVED))
         prefill = [q > self.decode_limit for q in self.query_lens]
         at_origin = [p and not w and not m for p, w, m in zip(prefill, masks, misplaces)]
-        # A compactable request reads its keys less its hidden blocks from scratch, moved or not. The scratch
-        # pre-pass moves keys by their origin alone: a request the compact reading shifts or gives unread keys
-        # is masked and not compactable (`derive_step_tensors`), so it goes to tiles (tests/test_attention_routing.py).
+        # A compactable request reads its kept keys from scratch, moved or not (`Scratch`); in the compact reading
+        # one with an unread token after a read row is not compactable and, masked, goes to tiles
+        # (tests/test_attention_routing.py).
         on_scratch = [p and (c or (m and not w)) for p, w, c, m in zip(prefill, masks, compacts, misplaces)]
         tiles = [p and w and not c for p, w, c in zip(prefill, masks, compacts)]
         pages = [-(-n // self.block_size) if s else 0 for s, n in zip(on_scratch, self.seq_len_bounds)]
@@ -151,8 +165,8 @@ class StepPlan:
         ).to(step.flags.device, non_blocking=True)[:, :width]  # fmt: skip
         scratch = None
         if any(on_scratch):
-            scratch = Scratch(rows[2], page_table(rows[2], max(pages)), step.kept_rank, rows[1], step.kept_len,
-                              sum(pages), max(pages))  # fmt: skip
+            scratch = Scratch(rows[2], page_table(rows[2], max(pages)), step.kept_start, step.compactable, rows[1],
+                              step.kept_len, sum(pages), max(pages))  # fmt: skip
         routes = Routes(
             at_origin=rows[0] if any(at_origin) else None,
             scratch=scratch,
@@ -224,8 +238,10 @@ def paged_rope_attention(
     ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
     In the compact reading the queries come as the model rotated them, at their tokens' indices:
     the decode and tile kernels rotate each row back to its compact position by its block's
-    shift (`StepTensors.query_shift`) as they load it; the stock kernel, over the cache or
-    scratch pages, is given only requests whose shifts are all 0 (`StepPlan.routed`).
+    shift (`StepTensors.query_shift`) as they load it; the rows of compactable requests on scratch
+    pages are rotated back in ``query`` itself before the stock kernel reads them
+    (`rotate_queries_back`: each row is one route's), and the stock kernel over the cache is given
+    only requests whose shifts are all 0 (`StepPlan.routed`).
     Moved keys are rotated with ``cos_sin`` in the key cache's dtype, as vLLM's RoPE rotates
     keys with its table in the model's; pass it so (`RopeSpec.unit_cos_sin_in`) to spare a
     conversion per call.
@@ -288,10 +304,14 @@ def _prefill(
     if routes.scratch is not None:
         scratch = routes.scratch
         key_pages, value_pages = rotate_into_pages(
-            work.key_cache, work.value_cache, work.block_table, work.block_origin, work.seq_lens,
-            scratch.page_start, scratch.kept_rank, work.cos_sin, work.rotary_dim, work.is_neox,
-            num_pages=scratch.num_pages, max_pages=scratch.max_pages,
+            work.key_cache, work.value_cache, work.block_table, work.block_kind, work.key_shift, work.seq_lens,
+            scratch.page_start, scratch.kept_start, scratch.compactable, work.cos_sin, work.rotary_dim, work.is_neox,
+            num_pages=scratch.num_pages, max_pages=scratch.max_pages, unread=work.unread,
         )  # fmt: skip
+        if work.query_shift is not None:
+            rotate_queries_back(work.query, work.query_shift, work.query_start_loc, scratch.query_used,
+                                scratch.compactable, work.cos_sin, work.rotary_dim, work.is_neox,
+                                max_query_len=plan.max_query_len)  # fmt: skip
         paged_attention(
             work.query, key_pages, value_pages, scratch.page_table, work.query_start_loc, scratch.query_used,
             scratch.seq_used, plan.max_query_len, plan.max_seq_len, work.scale, output,

@@ -123,6 +123,13 @@ def compactable_requests(
     therefore exact for them (a refreshed-heads final prompt: its question after cached
     HSep spans).
     """
-    rows = _query_blocks(window_starts.shape[1], query_start_loc, seq_lens, block_size)
-    in_span = ((window_starts >= 0) & rows).any(dim=1)
+    in_span = requests_with_span_rows(window_starts, query_start_loc, seq_lens, block_size)
     return requests_with_masks(window_starts, hidden, query_start_loc, seq_lens, block_size) & ~in_span
+
+
+def requests_with_span_rows(
+    window_starts: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """``(num_reqs,)`` bool: does a query row of the request lie in a span?"""
+    rows = _query_blocks(window_starts.shape[1], query_start_loc, seq_lens, block_size)
+    return ((window_starts >= 0) & rows).any(dim=1)

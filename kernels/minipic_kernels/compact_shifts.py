@@ -15,7 +15,7 @@ position is then its index less one *shift* per logical block of the request:
 
 Attention rotates each query by minus its block's shift and each key by its block's move
 less its shift (`step_tensors.StepTensors.key_shift`), and masks unread keys from read rows
-(`read_keys`).
+(`read_keys`; what unread rows compute is unspecified but finite).
 """
 
 from __future__ import annotations
@@ -60,8 +60,11 @@ def read_keys(
     key_slots: torch.Tensor, key_head: torch.Tensor, key_tail: torch.Tensor, block_size: int
 ) -> torch.Tensor:
     """Whether the token at slot ``key_slots`` of a block with these unread head and tail is
-    read (broadcast tensors). A read row sees only read keys; an unread row (a pad or a PDep
-    marker, whose output no read token sees) reads causally, so a request whose unread keys all
-    come after its read rows is plain causal attention (`step_tensors`: FlashAttention-3 may
-    compute it)."""
+    read (broadcast tensors). A read row sees only read keys. What an unread row (a pad or a PDep
+    marker) computes no read token ever sees, so the reading leaves it unspecified but finite (a
+    NaN would poison other rows where a kernel multiplies masked values by 0). The reference reads
+    it causally, one valid choice, which makes a request whose unread keys all come after its read
+    rows plain causal attention (`step_tensors`: FlashAttention-3 may compute it over the cache);
+    the stock kernel over compacted scratch pages gives it a prefix of the kept keys
+    (`attention.Scratch`)."""
     return (key_slots >= key_head) & (key_slots < block_size - key_tail)

@@ -126,8 +126,9 @@ def paged_rope_attention_reference(
     them for this step. In the compact reading (`compact_shifts`) ``key_shift`` and
     ``query_shift`` (`StepTensors`) are required: each query row is rotated back by its
     block's shift (in ``query.dtype``, as the Triton kernels round it) and ``unread`` (the
-    ``(unread_head, unread_tail)`` records) hides unread keys from every read row (an unread
-    row reads causally: `compact_shifts.read_keys`).
+    ``(unread_head, unread_tail)`` records) hides unread keys from every read row. An unread
+    row's result is unspecified but finite (no read row sees it: `compact_shifts.read_keys`);
+    here it reads causally, one valid choice, so kernels are compared with this on read rows only.
     Returns ``output`` (allocated like ``query`` when not given) holding
     ``(num_tokens, num_q_heads, head_size)`` results in ``query.dtype``.
     """
@@ -194,7 +195,8 @@ def paged_causal_attention_reference(
 ) -> None:
     """What a stock paged causal kernel computes over keys at their positions
     (FlashAttention-3's paged varlen call with ``seqused_q``): `attention.PagedAttention`,
-    for tests. Rows of requests with ``query_used == 0`` are left untouched.
+    for tests. Rows of requests with ``query_used == 0`` are left untouched; a row placed before
+    every key (``query_used > seq_used``) sees none and gets 0, as FlashAttention gives it.
     """
     block_size, num_kv_heads = key_pages.shape[1], key_pages.shape[2]
     group = query.shape[1] // num_kv_heads
@@ -212,4 +214,5 @@ def paged_causal_attention_reference(
         k = keys.repeat_interleave(group, dim=1).transpose(0, 1)
         v = values.repeat_interleave(group, dim=1).transpose(0, 1)
         scores = (torch.matmul(q, k.transpose(1, 2)) * scale).masked_fill(~allowed, float("-inf"))
-        out[q_begin:q_end] = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).to(out.dtype)
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row without keys: 0
+        out[q_begin:q_end] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)

@@ -1,12 +1,15 @@
 """Copy requests' keys into scratch pages, each block moved to where it is read.
 
 FlashAttention reads keys as they are. A request whose blocks all sit at their origin
-(`block_origins`) hands it the cache itself; a request reading a cached span elsewhere
-gets this pre-pass first: its blocks' keys, each rotated by its block's shift, and its
-values, into pages laid out like vLLM's paged cache,
-``(pages, block_size, num_kv_heads, head_size)``, each logical block into the page its
-request's first page and its rank give it (`attention.Scratch`: a request's pages are
-contiguous, in logical order; one page table for K and V, as FlashAttention takes).
+(`block_origins`) hands it the cache itself; a request reading a cached span elsewhere, or
+skipping keys before its read rows (`StepTensors.compactable`), gets this pre-pass first: the
+keys it keeps (`step_tensors.kept_slots`), each rotated by its block's key shift, and their
+values, token by token into pages laid out like vLLM's paged cache,
+``(pages, block_size, num_kv_heads, head_size)``: a request's pages are contiguous and hold
+its kept tokens in index order (`attention.Scratch`; one page table for K and V, as
+FlashAttention takes). In the compact reading the query rows of a compactable request are
+rotated back to their compact positions too (`rotate_queries_back`), as the tile kernel
+rotates them in registers.
 """
 
 from __future__ import annotations
@@ -15,74 +18,87 @@ import torch
 import triton
 import triton.language as tl
 
-from minipic_kernels.triton_attention import _load_rows, _moved_keys, _pow2, _rotary_lanes
+from minipic_kernels.step_tensors import _kept_slots
+from minipic_kernels.triton_attention import _load_rows, _pow2, _rotary_lanes, _rotated_keys, _rotated_query
 
-__all__ = ["page_table", "rotate_into_pages"]
+__all__ = ["page_table", "rotate_into_pages", "rotate_queries_back"]
+
+# Query rows per program of `rotate_queries_back`.
+_QUERY_ROWS = 16
 
 
-@triton.jit(do_not_specialize=["stride_btr", "stride_rkr"])
+@triton.jit(do_not_specialize=["stride_btr", "stride_ksr", "stride_kpr"])
 def _rotate_into_pages_kernel(
-    k_out_ptr, v_out_ptr, k_ptr, v_ptr, block_table_ptr, block_origin_ptr, seq_lens_ptr, page_start_ptr,
-    block_ranks_ptr, cos_sin_ptr,
+    k_out_ptr, v_out_ptr, k_ptr, v_ptr, block_table_ptr, key_shift_ptr, seq_lens_ptr, page_start_ptr,
+    kept_start_ptr, compactable_ptr, unread_head_ptr, unread_tail_ptr, cos_sin_ptr,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_btr, stride_btb, stride_rkr, stride_rkb, stride_cs,
+    stride_btr, stride_btb, stride_ksr, stride_ksb, stride_kpr, stride_kpb, stride_cs,
     NUM_KV_HEADS: tl.constexpr, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
     IS_NEOX: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
-):
-    """Program (request, logical block, kv head): that block's keys rotated by its shift, and
-    its values, into its page (none for a request without pages, a block ranked -1 or past
-    the request's length)."""
+    COMPACT: tl.constexpr,  # the compact reading: a compactable request keeps only its blocks' read slots
+):  # fmt: skip
+    """Program (request, logical block, kv head): that block's kept keys rotated by its key shift,
+    and their values, to the request's pages from token ``kept_start`` on (none for a request
+    without pages, a block keeping nothing or past the request's length)."""
     req = tl.program_id(0)
     blk = tl.program_id(1)
     head = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + req)
     first_page = tl.load(page_start_ptr + req)
     in_request = (blk * KV_BLOCK_SIZE < seq_len) & (first_page >= 0)
-    rank = tl.load(block_ranks_ptr + req * stride_rkr + blk * stride_rkb, mask=in_request, other=-1)
-    if rank < 0:
+    kept_start = tl.load(kept_start_ptr + req * stride_kpr + blk * stride_kpb, mask=in_request, other=-1)
+    if kept_start < 0:
         return
-    page = (first_page + rank).to(tl.int64)
     bt_row_ptr = block_table_ptr + req * stride_btr
     phys = tl.load(bt_row_ptr + blk * stride_btb).to(tl.int64)
+    compacted = (tl.load(compactable_ptr + req) != 0) & COMPACT
+    lo, hi = _kept_slots(phys, True, tl.minimum(seq_len - blk * KV_BLOCK_SIZE, KV_BLOCK_SIZE), compacted,
+                         unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE)  # fmt: skip
     offs_s = tl.arange(0, KV_BLOCK_SIZE)
-    pos_ok = blk * KV_BLOCK_SIZE + offs_s < seq_len
+    kept = (offs_s >= lo) & (offs_s < hi)
     offs_d = tl.arange(0, HEAD_P)
     d_ok = offs_d < HEAD
     k_rows = k_ptr + phys * stride_kb + offs_s * stride_ks + head * stride_kh
     v_rows = v_ptr + phys * stride_vb + offs_s * stride_vs + head * stride_vh
-    out = ((page * KV_BLOCK_SIZE + offs_s) * (NUM_KV_HEADS * HEAD) + head * HEAD)[:, None] + offs_d[None, :]
-    ok = pos_ok[:, None] & d_ok[None, :]
-    k = _load_rows(k_rows, offs_d, stride_kd, pos_ok, d_ok)
+    token = first_page.to(tl.int64) * KV_BLOCK_SIZE + kept_start + offs_s - lo
+    out = (token * (NUM_KV_HEADS * HEAD) + head * HEAD)[:, None] + offs_d[None, :]
+    ok = kept[:, None] & d_ok[None, :]
+    k = _load_rows(k_rows, offs_d, stride_kd, kept, d_ok)
     if ROT_HALF > 0:
         column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
-        k = _moved_keys(k, k_rows, stride_kd, pos_ok, blk * KV_BLOCK_SIZE, seq_len, bt_row_ptr, stride_btb,
-                        block_origin_ptr, cos_sin_ptr, stride_cs, column, partner, sign, rotates, HEAD_P,
-                        ROT_HALF, KV_BLOCK_SIZE, KV_BLOCK_SIZE, 1, KV_BLOCK_SIZE)  # fmt: skip
+        shift = tl.load(key_shift_ptr + req * stride_ksr + blk * stride_ksb) + tl.zeros([1], tl.int32)
+        k = _rotated_keys(k, k_rows, stride_kd, kept, shift, cos_sin_ptr, stride_cs, column, partner, sign, rotates,
+                          HEAD_P, ROT_HALF, 1, KV_BLOCK_SIZE)  # fmt: skip
     tl.store(k_out_ptr + out, k, mask=ok)
-    tl.store(v_out_ptr + out, _load_rows(v_rows, offs_d, stride_vd, pos_ok, d_ok), mask=ok)
+    tl.store(v_out_ptr + out, _load_rows(v_rows, offs_d, stride_vd, kept, d_ok), mask=ok)
 
 
 def rotate_into_pages(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     block_table: torch.Tensor,
-    block_origin: torch.Tensor,
+    key_shift: torch.Tensor,
     seq_lens: torch.Tensor,
     page_start: torch.Tensor,
-    block_ranks: torch.Tensor,
+    kept_start: torch.Tensor,
+    compactable: torch.Tensor,
     cos_sin: torch.Tensor,
     rotary_dim: int,
     is_neox: bool,
     *,
     num_pages: int,
     max_pages: int,
+    unread: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Moved keys and copied values of every logical block with a page.
+    """Moved keys and copied values of every kept token of the requests with pages.
 
-    Request ``r``'s logical block ``b`` goes to page ``page_start[r] + block_ranks[r, b]``
-    (int32), none where either is -1. ``num_pages`` (total) and ``max_pages`` (at least the logical
-    blocks of any request with pages) are host ints the caller knows from its plan: no host sync.
-    Positions past a request's length are left unwritten. Returns ``(key_pages, value_pages)``.
+    Request ``r``'s kept slots of logical block ``b`` (`step_tensors.kept_slots`: from
+    ``compactable``, int8 per request, and in the compact reading the ``unread`` records), each
+    key rotated by ``key_shift[r, b]``, go to consecutive scratch tokens from
+    ``page_start[r] * block_size + kept_start[r, b]`` on (int32), none where either is -1.
+    ``num_pages`` (total) and ``max_pages`` (at least the logical blocks of any request with pages)
+    are host ints the caller knows from its plan: no host sync. Tokens past a request's kept ones
+    are left unwritten. Returns ``(key_pages, value_pages)``.
     """
     _, block_size, num_kv_heads, head_size = key_cache.shape
     shape = (num_pages, block_size, num_kv_heads, head_size)
@@ -91,13 +107,66 @@ def rotate_into_pages(
     num_reqs = seq_lens.shape[0]
     if num_pages == 0 or num_reqs == 0 or max_pages == 0:
         return k_out, v_out
+    head, tail = unread if unread is not None else (seq_lens, seq_lens)  # read only in the compact reading
     _rotate_into_pages_kernel[(num_reqs, max_pages, num_kv_heads)](
-        k_out, v_out, key_cache, value_cache, block_table, block_origin, seq_lens, page_start, block_ranks, cos_sin,
-        *key_cache.stride(), *value_cache.stride(), *block_table.stride(), *block_ranks.stride(), cos_sin.stride(0),
-        NUM_KV_HEADS=num_kv_heads, HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rotary_dim // 2,
-        IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, num_warps=2,
+        k_out, v_out, key_cache, value_cache, block_table, key_shift, seq_lens, page_start, kept_start, compactable,
+        head, tail, cos_sin, *key_cache.stride(), *value_cache.stride(), *block_table.stride(), *key_shift.stride(),
+        *kept_start.stride(), cos_sin.stride(0), NUM_KV_HEADS=num_kv_heads, HEAD=head_size, HEAD_P=_pow2(head_size),
+        ROT_HALF=rotary_dim // 2, IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, COMPACT=unread is not None,
+        num_warps=2,
     )  # fmt: skip
     return k_out, v_out
+
+
+@triton.jit(do_not_specialize=["stride_qt"])
+def _rotate_queries_back_kernel(
+    q_ptr, query_shift_ptr, query_start_loc_ptr, query_used_ptr, compactable_ptr, cos_sin_ptr,
+    stride_qt, stride_qh, stride_qd, stride_cs,
+    HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """Program (request, tile of ``ROWS`` rows, query head): those rows rotated back by their
+    query shifts, in place, for a compactable request's first ``query_used`` rows only."""
+    req = tl.program_id(0)
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    used = tl.where(tl.load(compactable_ptr + req) != 0, tl.load(query_used_ptr + req), 0)
+    if tl.program_id(1) * ROWS >= used:
+        return
+    row_ok = rows < used
+    q_begin = tl.load(query_start_loc_ptr + req)
+    q_rows = q_ptr + (q_begin + rows).to(tl.int64) * stride_qt + tl.program_id(2) * stride_qh
+    offs_d = tl.arange(0, HEAD_P)
+    d_ok = offs_d < HEAD
+    q = _load_rows(q_rows, offs_d, stride_qd, row_ok, d_ok)
+    shift = tl.load(query_shift_ptr + q_begin + rows, mask=row_ok, other=0)
+    q, _, _ = _rotated_query(q, q, q, q_rows, stride_qd, row_ok, -shift, cos_sin_ptr, stride_cs, HEAD_P, ROT_HALF,
+                             IS_NEOX, False)  # fmt: skip
+    tl.store(q_rows[:, None] + offs_d[None, :] * stride_qd, q, mask=row_ok[:, None] & d_ok[None, :])
+
+
+def rotate_queries_back(
+    query: torch.Tensor,
+    query_shift: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    query_used: torch.Tensor,
+    compactable: torch.Tensor,
+    cos_sin: torch.Tensor,
+    rotary_dim: int,
+    is_neox: bool,
+    *,
+    max_query_len: int,
+) -> None:
+    """Rotate the first ``query_used[r]`` rows of each compactable request ``r`` (int8
+    ``compactable``) back by their compact shifts (`StepTensors.query_shift`), in ``query``
+    itself, as the tile kernel rotates its rows (`triton_attention._rotated_query`): for the
+    stock kernel over scratch pages. ``max_query_len`` bounds ``query_used`` (a host int: no sync)."""
+    num_reqs = query_used.shape[0]
+    if rotary_dim == 0 or num_reqs == 0 or max_query_len == 0:
+        return
+    _rotate_queries_back_kernel[(num_reqs, triton.cdiv(max_query_len, _QUERY_ROWS), query.shape[1])](
+        query, query_shift, query_start_loc, query_used, compactable, cos_sin, *query.stride(), cos_sin.stride(0),
+        HEAD=query.shape[2], HEAD_P=_pow2(query.shape[2]), ROT_HALF=rotary_dim // 2, IS_NEOX=bool(is_neox),
+        ROWS=_QUERY_ROWS, num_warps=2,
+    )  # fmt: skip
 
 
 def page_table(page_start: torch.Tensor, max_pages: int) -> torch.Tensor:

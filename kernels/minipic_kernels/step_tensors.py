@@ -10,8 +10,9 @@ the tensor forms (the CPU backend's path, and the definition the kernel is teste
 Per request the kernel walks its block-table row in chunks, carrying the latest marker
 block and whether a hidden block was seen (the two running maxima behind window starts and
 hidden-before), in the compact reading also the read tokens so far and the open span's
-shift (`compact_shifts`), then, for a compactable request only, a second walk numbering
-the blocks it keeps (`compactable_requests`).
+shift (`compact_shifts`), then a second walk counting the tokens each request keeps before
+each block (``kept_start``; a compactable request, `compactable_requests`, leaves its hidden
+blocks out, and in the compact reading its unread tokens too).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from minipic_kernels.block_kinds import (
     hidden_per_block,
     requests_with_hidden,
     requests_with_masks,
+    requests_with_span_rows,
     window_starts_per_block,
 )
 from minipic_kernels.block_origins import key_shifts
 from minipic_kernels.compact_shifts import compact_shifts_per_block
 from minipic_protocol.blocks import OUTSIDE_SPANS, BlockKind
 
-__all__ = ["StepTensors", "derive_step_tensors", "derive_step_tensors_reference"]
+__all__ = ["StepTensors", "derive_step_tensors", "derive_step_tensors_reference", "kept_slots"]
 
 # Rows of `StepTensors.flags`.
 MOVED, HIDDEN, MASKED, COMPACTABLE = range(4)
@@ -59,8 +61,12 @@ class StepTensors:
 
     window_starts: torch.Tensor  # (num_reqs, max_blocks) int32, `window_starts_per_block`
     flags: torch.Tensor  # (4, num_reqs) int8: rows MOVED, HIDDEN, MASKED, COMPACTABLE
-    kept_len: torch.Tensor  # (num_reqs,) int32: the length less the hidden blocks a compactable request skips
-    kept_rank: torch.Tensor  # (num_reqs, max_blocks) int32: each kept block's place among them, -1: not kept
+    # (num_reqs,) int32: the tokens a request keeps on scratch pages (`kept_slots`): its length but for a
+    # compactable request, less its hidden blocks and, in the compact reading, its unread tokens
+    kept_len: torch.Tensor
+    # (num_reqs, max_blocks) int32: the request's kept tokens before each logical block, -1 for a block keeping none
+    # (outside the compact reading `block_size` times its rank among the kept blocks)
+    kept_start: torch.Tensor
     # (num_reqs, max_blocks) int32: positions each logical block's keys move when read, its distance from
     # its origin less its compact shift (`compact_shifts.compact_shifts_per_block`; 0 outside the compact reading)
     key_shift: torch.Tensor
@@ -71,8 +77,9 @@ class StepTensors:
     hidden = _flag_row(HIDDEN, "int8 per request: keys its rows may skip by their block's records: a hidden "
                        "block (`requests_with_hidden`) or, in the compact reading, unread slots.")
     masked = _flag_row(MASKED, "int8 per request: a row sees less than causal (`requests_with_masks`).")
-    compactable = _flag_row(COMPACTABLE, "int8 per request: masked only by hidden blocks before its rows "
-                            "(`compactable_requests`).")
+    compactable = _flag_row(COMPACTABLE, "int8 per request: masked only by keys before its read rows that "
+                            "none of them sees: hidden blocks (`compactable_requests`) and, in the compact reading, "
+                            "unread tokens (`_unread_after_read_rows`).")
 
 
 def derive_step_tensors_reference(
@@ -108,25 +115,53 @@ def derive_step_tensors_reference(
         before_read = _unread_before_read_rows(head[bt], tail[bt], seq_lens, q_lens, block_size)
         shifted = before_read | ((shifts != 0) & in_request).any(dim=1)
         hidden, masked = hidden | unread_keys, masked | shifted
-        compactable = compactable & ~shifted
+        # Rows outside spans, every unread token before the first read one: exact on compacted scratch pages.
+        span_rows = requests_with_span_rows(window_starts, query_start_loc, seq_lens, block_size)
+        after_read = _unread_after_read_rows(head[bt], tail[bt], seq_lens, q_lens, block_size)
+        compactable = masked & ~span_rows & ~after_read
         query_shift = _query_rows_shift(shifts, query_start_loc, seq_lens, block_size, num_tokens)
     flags = flag_rows(block_table.shape[0], block_table.device)
     flags[MOVED] = ((key_shift != 0) & in_request).any(dim=1)
     flags[HIDDEN] = hidden
     flags[MASKED] = masked
     flags[COMPACTABLE] = compactable
-    kept = in_request & ~(hidden_blocks & compactable[:, None])
-    kept_rank = torch.where(kept, torch.cumsum(kept, dim=1) - 1, -1).to(torch.int32)
-    kept_len = (seq_lens - block_size * (in_request & ~kept).sum(dim=1)).to(torch.int32)
-    return StepTensors(window_starts, flags, kept_len, kept_rank, key_shift.to(torch.int32), query_shift)
+    lo, hi = kept_slots(block_table, block_kind, seq_lens, block_size, compactable, unread)
+    kept = (hi - lo).clamp(min=0)
+    kept_start = torch.where(kept > 0, torch.cumsum(kept, dim=1) - kept, -1).to(torch.int32)
+    kept_len = kept.sum(dim=1).to(torch.int32)
+    return StepTensors(window_starts, flags, kept_len, kept_start, key_shift.to(torch.int32), query_shift)
+
+
+def kept_slots(
+    block_table: torch.Tensor,
+    block_kind: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    compactable: torch.Tensor,
+    unread: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)``, each ``(num_reqs, max_blocks)`` int32: the slots ``lo <= slot < hi`` of each
+    logical block a request keeps on scratch pages (none where ``hi <= lo``): its present slots,
+    but none of a hidden block of a ``compactable`` request and, in the compact reading (``unread``),
+    only the read slots of a compactable request's blocks (`_kept_slots`, the kernels' form)."""
+    cols = torch.arange(block_table.shape[1], device=block_table.device, dtype=torch.int32)
+    hi = (seq_lens[:, None].to(torch.int32) - cols[None, :] * block_size).clamp(0, block_size)
+    lo = torch.zeros_like(hi)
+    compactable = compactable.bool()[:, None]
+    if unread is not None:
+        bt = block_table.long()
+        lo = torch.where(compactable, unread[0][bt].to(torch.int32), lo)
+        hi = torch.where(compactable, torch.minimum(hi, block_size - unread[1][bt].to(torch.int32)), hi)
+    hi = torch.where(compactable & hidden_per_block(block_table, block_kind), 0, hi)
+    return lo, hi
 
 
 def _unread_before_read_rows(
     head: torch.Tensor, tail: torch.Tensor, seq_lens: torch.Tensor, q_lens: torch.Tensor, block_size: int
 ) -> torch.Tensor:
     """Per request: whether an unread key comes before one of its read query rows. Without one,
-    the compact reading is causal attention for it (an unread row reads causally:
-    `compact_shifts.read_keys`), as a span prefill, whose pads end it, is."""
+    causal attention is exact for it in the compact reading (an unread row's result is unspecified
+    but finite, causal one choice: `compact_shifts.read_keys`), as for a span prefill, whose pads end it."""
     starts = torch.arange(head.shape[1], device=head.device)[None, :] * block_size
     ends = seq_lens[:, None]
     present = (ends - starts).clamp(0, block_size)
@@ -135,6 +170,27 @@ def _unread_before_read_rows(
     read_end = torch.minimum(present, block_size - tail)
     last_read = torch.where(read_end > head, starts + read_end - 1, -1).amax(dim=1)
     return (first_unread < last_read) & (last_read >= seq_lens - q_lens)
+
+
+def _unread_after_read_rows(
+    head: torch.Tensor, tail: torch.Tensor, seq_lens: torch.Tensor, q_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """Per request: whether an unread token (a key or a query row) comes after its first read
+    query row. Without one its query rows are ``[unread rows][read rows]`` after every unread
+    key, so the stock kernel over its kept keys alone, placing the rows at their end, gives each
+    read row exactly the kept keys up to it (`attention.Scratch`)."""
+    starts = torch.arange(head.shape[1], device=head.device)[None, :] * block_size
+    ends = seq_lens[:, None]
+    present = (ends - starts).clamp(0, block_size)
+    read_end = torch.minimum(present, block_size - tail)
+    # A block's last present slot if unread, else the last of its unread head, if any.
+    last_slot_unread = (present > 0) & ((present <= head) | (present > read_end))
+    head_end = torch.where((present > 0) & (head > 0), starts + head, 0)
+    last_unread = torch.where(last_slot_unread, starts + present, head_end) - 1
+    first_row = (seq_lens - q_lens)[:, None]
+    first_read = torch.maximum(starts + head, first_row)
+    first_read = torch.where(first_read < starts + read_end, first_read, ends).amin(dim=1)
+    return last_unread.amax(dim=1) > first_read
 
 
 def _query_rows_shift(
@@ -252,9 +308,11 @@ def _compact_shifts(start, blk, valid, phys, kind, window, seq_len, num_blocks, 
 
 
 @triton.jit
-def _unread_and_read_ends(blk, valid, phys, seq_len, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr):
-    """The chunk's first unread slot (``seq_len`` if none) and last read one (-1 if none), as
-    token positions (`_unread_before_read_rows`)."""
+def _unread_and_read_ends(blk, valid, phys, seq_len, first_row, unread_head_ptr, unread_tail_ptr,
+                          KV_BLOCK_SIZE: tl.constexpr):
+    """The chunk's first and last unread slots (``seq_len`` and -1 if none), its last read one (-1 if
+    none) and its first read one from ``first_row`` on (``seq_len`` if none), as token positions
+    (`_unread_before_read_rows`, `_unread_after_read_rows`)."""
     head = tl.load(unread_head_ptr + phys, mask=valid, other=0)
     tail = tl.load(unread_tail_ptr + phys, mask=valid, other=0)
     start = blk * KV_BLOCK_SIZE
@@ -263,7 +321,22 @@ def _unread_and_read_ends(blk, valid, phys, seq_len, unread_head_ptr, unread_tai
     first_unread = tl.where(valid & (first_unread < seq_len), first_unread, seq_len)
     read_end = tl.minimum(present, KV_BLOCK_SIZE - tail)
     last_read = tl.where(valid & (read_end > head), start + read_end - 1, -1)
-    return tl.min(first_unread, 0), tl.max(last_read, 0)
+    last_slot_unread = (present > 0) & ((present <= head) | (present > read_end))
+    last_unread = tl.where(last_slot_unread, start + present, tl.where((present > 0) & (head > 0), start + head, 0))
+    last_unread = tl.where(valid, last_unread - 1, -1)
+    first_read_row = tl.maximum(start + head, first_row)
+    first_read_row = tl.where(valid & (first_read_row < start + read_end), first_read_row, seq_len)
+    return tl.min(first_unread, 0), tl.max(last_read, 0), tl.max(last_unread, 0), tl.min(first_read_row, 0)
+
+
+@triton.jit
+def _kept_slots(phys, valid, present, compacted, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr):
+    """The slots ``lo <= slot < hi`` of a block a request keeps on scratch pages (`kept_slots`, hidden
+    blocks aside): its ``present`` ones; with ``compacted`` (a compactable request in the compact
+    reading) its read ones only."""
+    head = tl.load(unread_head_ptr + phys, mask=valid & compacted, other=0)
+    tail = tl.load(unread_tail_ptr + phys, mask=valid & compacted, other=0)
+    return head, tl.minimum(present, KV_BLOCK_SIZE - tail)
 
 
 @triton.jit
@@ -282,7 +355,7 @@ def _store_query_shifts(query_shift_ptr, shift, start, blk, valid, q_begin, q_le
 
 @triton.jit(do_not_specialize=["num_blocks", "num_tokens", "stride_flags", "stride_btr"])
 def _derive_step_kernel(
-    window_starts_ptr, flags_ptr, kept_len_ptr, kept_rank_ptr, key_shift_ptr, query_shift_ptr,
+    window_starts_ptr, flags_ptr, kept_len_ptr, kept_start_ptr, key_shift_ptr, query_shift_ptr,
     block_table_ptr, block_kind_ptr, block_origin_ptr, unread_head_ptr, unread_tail_ptr, query_start_loc_ptr,
     seq_lens_ptr, num_blocks, num_tokens, stride_flags, stride_btr, stride_btb,
     KV_BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr,
@@ -302,7 +375,6 @@ def _derive_step_kernel(
     hidden_seen = tl.full((), 0, tl.int32)
     moved = tl.full((), 0, tl.int32)
     hidden = tl.full((), 0, tl.int32)
-    hidden_in_request = tl.full((), 0, tl.int32)
     masked = tl.full((), 0, tl.int32)
     span_rows = tl.full((), 0, tl.int32)
     read_before = tl.full((), 0, tl.int32)  # compact: read tokens before the chunk
@@ -311,6 +383,8 @@ def _derive_step_kernel(
     shifted = tl.full((), 0, tl.int32)  # compact: a shift among the request's blocks, or an unread key read past
     first_unread = seq_len  # compact: the request's first unread key
     last_read = tl.full((), -1, tl.int32)  # compact: its last read token
+    last_unread = tl.full((), -1, tl.int32)  # compact: its last unread token
+    first_read_row = seq_len  # compact: its first read query row
     for start in range(0, num_blocks, CHUNK):
         blk = start + tl.arange(0, CHUNK)
         valid = blk < num_blocks
@@ -334,10 +408,12 @@ def _derive_step_kernel(
             key_shift -= shift
             unread_keys = tl.maximum(unread_keys, tl.max((in_request & has_unread).to(tl.int32), 0))
             shifted = tl.maximum(shifted, tl.max((in_request & (shift != 0)).to(tl.int32), 0))
-            chunk_unread, chunk_read = _unread_and_read_ends(blk, valid, phys, seq_len, unread_head_ptr,
-                                                             unread_tail_ptr, KV_BLOCK_SIZE)  # fmt: skip
+            chunk_unread, chunk_read, chunk_last_unread, chunk_read_row = _unread_and_read_ends(
+                blk, valid, phys, seq_len, seq_len - q_len, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE)
             first_unread = tl.minimum(first_unread, chunk_unread)
             last_read = tl.maximum(last_read, chunk_read)
+            last_unread = tl.maximum(last_unread, chunk_last_unread)
+            first_read_row = tl.minimum(first_read_row, chunk_read_row)
             _store_query_shifts(query_shift_ptr, shift, start, blk, valid, q_begin, q_len, seq_len, num_tokens,
                                 KV_BLOCK_SIZE, CHUNK)  # fmt: skip
         tl.store(key_shift_ptr + out_row + blk, key_shift, mask=valid)
@@ -347,7 +423,6 @@ def _derive_step_kernel(
         rows = valid & (blk >= first_row_block) & (blk <= last_row_block)
         moved = tl.maximum(moved, tl.max((in_request & (key_shift != 0)).to(tl.int32), 0))
         hidden = tl.maximum(hidden, tl.max((in_request & (is_hidden > 0)).to(tl.int32), 0))
-        hidden_in_request += tl.sum((in_request & (is_hidden > 0)).to(tl.int32), 0)
         row_masked = (window > 0) | ((window < 0) & hidden_before)
         masked = tl.maximum(masked, tl.max((rows & row_masked).to(tl.int32), 0))
         span_rows = tl.maximum(span_rows, tl.max((rows & (window >= 0)).to(tl.int32), 0))
@@ -360,25 +435,29 @@ def _derive_step_kernel(
             for pad_start in range(tl.load(query_start_loc_ptr + req + 1), num_tokens, CHUNK):
                 pad = pad_start + tl.arange(0, CHUNK)
                 tl.store(query_shift_ptr + pad, tl.zeros([CHUNK], tl.int32), mask=pad < num_tokens)
-    compactable = masked * (1 - span_rows) * (1 - shifted)
+    # Rows outside spans, every unread token before the first read one (`_unread_after_read_rows`).
+    after_read = (last_unread > first_read_row).to(tl.int32)
     masked = tl.maximum(masked, shifted)
+    compactable = masked * (1 - span_rows) * (1 - after_read)
     tl.store(flags_ptr + 0 * stride_flags + req, moved.to(tl.int8))
     tl.store(flags_ptr + 1 * stride_flags + req, hidden.to(tl.int8))
     tl.store(flags_ptr + 2 * stride_flags + req, masked.to(tl.int8))
     tl.store(flags_ptr + 3 * stride_flags + req, compactable.to(tl.int8))
-    tl.store(kept_len_ptr + req, seq_len - KV_BLOCK_SIZE * hidden_in_request * compactable)
+    compacted = (compactable > 0) & COMPACT
     kept_so_far = tl.full((), 0, tl.int32)
     for start in range(0, num_blocks, CHUNK):
         blk = start + tl.arange(0, CHUNK)
         valid = blk < num_blocks
-        kept = valid & (blk * KV_BLOCK_SIZE < seq_len)
-        if compactable > 0:  # a second look at the kinds, for this rare request only
+        kept = tl.where(valid, tl.minimum(tl.maximum(seq_len - blk * KV_BLOCK_SIZE, 0), KV_BLOCK_SIZE), 0)
+        if compactable > 0:  # a second look at the records, for this request only
             phys = tl.load(row_ptr + blk * stride_btb, mask=valid, other=0).to(tl.int64)
             kind = tl.load(block_kind_ptr + phys, mask=valid, other=0).to(tl.int32)
-            kept = kept & (kind != _HSEP)
-        count = tl.cumsum(kept.to(tl.int32), 0)
-        tl.store(kept_rank_ptr + out_row + blk, tl.where(kept, kept_so_far + count - 1, -1), mask=valid)
-        kept_so_far += tl.sum(kept.to(tl.int32), 0)
+            lo, hi = _kept_slots(phys, valid, kept, compacted, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE)
+            kept = tl.where(kind == _HSEP, 0, tl.maximum(hi - lo, 0))
+        tl.store(kept_start_ptr + out_row + blk, tl.where(kept > 0, kept_so_far + tl.cumsum(kept, 0) - kept, -1),
+                 mask=valid)  # fmt: skip
+        kept_so_far += tl.sum(kept, 0)
+    tl.store(kept_len_ptr + req, kept_so_far)
 
 
 def derive_step_tensors(
@@ -395,7 +474,7 @@ def derive_step_tensors(
     num_reqs, num_blocks = block_table.shape
     device = block_table.device
     window_starts = torch.empty(num_reqs, num_blocks, dtype=torch.int32, device=device)
-    kept_rank = torch.empty(num_reqs, num_blocks, dtype=torch.int32, device=device)
+    kept_start = torch.empty(num_reqs, num_blocks, dtype=torch.int32, device=device)
     key_shift = torch.empty(num_reqs, num_blocks, dtype=torch.int32, device=device)
     flags = flag_rows(num_reqs, device)
     kept_len = torch.empty(num_reqs, dtype=torch.int32, device=device)
@@ -405,9 +484,10 @@ def derive_step_tensors(
     head, tail = unread if unread is not None else (block_origin, block_origin)  # read only in the compact reading
     if num_reqs:
         _derive_step_kernel[(num_reqs,)](
-            window_starts, flags, kept_len, kept_rank, key_shift, query_shift if query_shift is not None else key_shift,
-            block_table, block_kind, block_origin, head, tail, query_start_loc, seq_lens, num_blocks, num_tokens,
+            window_starts, flags, kept_len, kept_start, key_shift,
+            query_shift if query_shift is not None else key_shift, block_table, block_kind, block_origin, head, tail,
+            query_start_loc, seq_lens, num_blocks, num_tokens,
             flags.stride(0), *block_table.stride(), KV_BLOCK_SIZE=block_size, CHUNK=_CHUNK,
             COMPACT=unread is not None, num_warps=4,
         )  # fmt: skip
-    return StepTensors(window_starts, flags, kept_len, kept_rank, key_shift, query_shift)
+    return StepTensors(window_starts, flags, kept_len, kept_start, key_shift, query_shift)

@@ -200,19 +200,6 @@ def _rotated_keys(k, k_rows, stride_kd, key_ok, shift, cos_sin_ptr, stride_cs, c
 
 
 @triton.jit
-def _moved_keys(k, k_rows, stride_kd, key_ok, n0, seq_len, bt_row_ptr, stride_btb, block_origin_ptr, cos_sin_ptr,
-                stride_cs, column, partner, sign, rotates, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
-                KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr,
-                TILE_ROWS: tl.constexpr):
-    """`_rotated_keys` by each block's distance from its origin, for the scratch-page pre-pass
-    (`rotary_pages`): the requests it takes read no compact shift (`attention.StepPlan.routed`)."""
-    logical, phys, ok = _tile_blocks(n0, seq_len, bt_row_ptr, stride_btb, KV_BLOCK_SIZE, TILE_BLOCKS, TILE_ROWS)
-    shift = tl.where(ok, (logical - tl.load(block_origin_ptr + phys, mask=ok, other=0)) * KV_BLOCK_SIZE, 0)
-    return _rotated_keys(k, k_rows, stride_kd, key_ok, shift, cos_sin_ptr, stride_cs, column, partner, sign, rotates,
-                         HEAD_P, ROT_HALF, TILE_BLOCKS, TILE_ROWS)  # fmt: skip
-
-
-@triton.jit
 def _tile_scores(q, q_first, q_second, k_rows, stride_kd, key_ok, n0, seq_len, shift_row_ptr, stride_ksb,
                  cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
                  IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,

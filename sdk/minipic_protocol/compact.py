@@ -3,8 +3,9 @@
 A MiniPIC prompt carries tokens the model never saw in training: pads that fill a segment to
 a block boundary and the PDep marker opening a block. Read as text they cost an off-the-shelf
 model answers (docs/accuracy.md); hidden but left in place they leave holes in the positions,
-which costs more. In the compact reading they are *unread* (no read token attends them; they
-themselves read causally, and no read token sees what they compute) and take no position:
+which costs more. In the compact reading they are *unread* (no read token attends them, nor
+sees what they compute, which is therefore unspecified but finite: a reference reads them
+causally, a kernel may give them fewer keys) and take no position:
 every token the prompt's readers see sits right after the one before it, as in the plain
 prompt, and each span keeps its own spacing, placed so that its first read token follows what
 precedes it (a hidden head, read only by its own span, then overlaps the positions of the
