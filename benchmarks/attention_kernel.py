@@ -364,9 +364,9 @@ def section_prefill_parts(fa, fa_func, version) -> list[dict]:
             scratch = plan.routes.scratch if plan.routes else None
             if scratch is not None:
                 row["move_pass_ms"] = graph_ms(functools.partial(
-                    rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin,
-                    batch.seq_lens, scratch.page_start, scratch.kept_rank, batch.key_cos_sin, s.rotary_dim, s.is_neox,
-                    num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
+                    rotate_into_pages, batch.key_cache, batch.value_cache, batch.block_table, batch.step.key_shift,
+                    batch.seq_lens, scratch.page_start, scratch.kept_start, scratch.compactable, batch.key_cos_sin,
+                    s.rotary_dim, s.is_neox, num_pages=scratch.num_pages, max_pages=scratch.max_pages))  # fmt: skip
             row["ratio"] = row["whole_ms"] / row["fa3_ms"]
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -512,8 +512,8 @@ def section_dispatch(fa, fa_func, version) -> list[dict]:
             "ours_attention": ours,
             "ours_write_kv": lambda: write(key, value, batch.key_cache, batch.value_cache, slots),
             "ours_rotate_into_pages": lambda: rotate_into_pages(
-                batch.key_cache, batch.value_cache, batch.block_table, batch.block_origin, batch.seq_lens,
-                scratch.page_start, scratch.kept_rank, batch.key_cos_sin, s.rotary_dim, s.is_neox,
+                batch.key_cache, batch.value_cache, batch.block_table, batch.step.key_shift, batch.seq_lens,
+                scratch.page_start, scratch.kept_start, scratch.compactable, batch.key_cos_sin, s.rotary_dim, s.is_neox,
                 num_pages=scratch.num_pages,
                 max_pages=scratch.max_pages),
             "ours_fa3_call": lambda: fa(batch.query, k_dup, v_dup, batch.block_table, batch.query_start_loc,

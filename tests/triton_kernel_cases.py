@@ -25,6 +25,7 @@ import torch
 from minipic_kernels import kv_write, rotary_pages, step_tensors, triton_attention, warmup
 from minipic_kernels.attention import paged_rope_attention, plan_step
 from minipic_kernels.block_kinds import BlockKind
+from minipic_kernels.compact_shifts import read_keys
 from minipic_kernels.reference import (
     paged_causal_attention_reference,
     paged_rope_attention_reference,
@@ -65,7 +66,8 @@ class Case:
     host_upper_bounds: int = 0  # plan from host lengths this much above the device's
     # The compact reading's unread records: "" none (outside it), "random" (`random_unread`; none in the first
     # request), "tails" (the last two keys of each request unread and nothing else: without hidden blocks no
-    # block shifts, so blocks at their origin stay unmoved)
+    # block shifts, so blocks at their origin stay unmoved), "refreshed" (with kinds "refreshed_heads": a marker
+    # opening each PDep block and pads ending each block before one, as the SDK lays final prompts out)
     unread: str = ""
     seed: int = 0
 
@@ -148,6 +150,13 @@ def build(case: Case) -> dict:
         for r, (n, _) in enumerate(case.reqs):
             tail[table[r, (n - 1) // bs].long()] = min(bs - 1, bs - (n - 1) % bs + 1)
         compact["unread"] = (torch.zeros(num_phys, dtype=torch.int32), tail)
+    if case.unread == "refreshed":
+        head, tail = (kind == BlockKind.PDEP).to(torch.int32), torch.zeros(num_phys, dtype=torch.int32)
+        for r, layout in enumerate(REFRESHED_STEP_LAYOUTS):
+            for b in range(min(len(layout), blocks_per_req[r]) - 1):
+                if layout[b + 1] == BlockKind.PDEP:
+                    tail[table[r, b].long()] = 3 + (b + r) % 5
+        compact["unread"] = (head, tail)
     return dict(
         **compact,
         query=query,
@@ -279,6 +288,17 @@ CASES = [
     Case("f32_compact_dense", DENSE, group=2, kinds="plain", misplaced=1.0, mode="dense", unread="random", seed=74),
     Case("f32_compact_tails_dense_at_origin", DENSE, group=2, kinds="plain", misplaced=0.0, mode="dense",
          unread="tails", seed=75),
+    # Final prompts in the compact reading (`REFRESHED_STEP`, pads and markers unread): a PDep question or head
+    # after cached spans, its unread keys and rows all before its read rows, reads its kept keys from
+    # scratch pages (`compact_final_prompts_on_the_stock_kernel`), at origin and moved, partial rotary.
+    Case("f32_compact_final_prompts_at_origin", REFRESHED_STEP, group=2, kinds="refreshed_heads", misplaced=0.0,
+         mode="dense", unread="refreshed", seed=80),
+    Case("f32_compact_final_prompts_moved_gptj", REFRESHED_STEP, group=2, kinds="refreshed_heads", misplaced=1.0,
+         is_neox=False, mode="dense", unread="refreshed", seed=81),
+    Case("f16_compact_final_prompts_partial_g4", REFRESHED_STEP, group=4, rotary_dim=32, kinds="refreshed_heads",
+         dtype=F16, mode="dense", unread="refreshed", seed=82),
+    Case("f32_compact_final_prompts_host_upper_bounds", REFRESHED_STEP, group=2, kinds="refreshed_heads",
+         mode="dense", unread="refreshed", host_upper_bounds=40, seed=83),
     # The query rotation fused into both launches (`compact_query_rotation_case`): partial rotary neox, and
     # gptj pair halves in fp16 at the default configurations.
     Case("f32_compact_partial_neox", MIXED, group=2, rotary_dim=32, kinds="hidden", unread="random", seed=76),
@@ -295,10 +315,33 @@ def _compact_step(case: Case, inputs: dict) -> step_tensors.StepTensors:
     )  # fmt: skip
 
 
+def _read_rows(inputs: dict, block_size: int) -> torch.Tensor:
+    """``(num_tokens,)`` bool: whether each query row's token is read (`compact_shifts.read_keys`).
+    The compact reading leaves an unread row's result unspecified but finite, so kernels are
+    compared with the reference on read rows only there."""
+    head, tail = inputs["unread"]
+    qsl, rows = inputs["query_start_loc"].tolist(), []
+    for r, seq_len in enumerate(inputs["seq_lens"].tolist()):
+        positions = torch.arange(seq_len - (qsl[r + 1] - qsl[r]), seq_len)
+        phys = inputs["block_table"][r, positions // block_size].long()
+        rows.append(read_keys(positions % block_size, head[phys], tail[phys], block_size))
+    return torch.cat(rows)
+
+
+def _compared(out: torch.Tensor, ref: torch.Tensor, case: Case, inputs: dict) -> float:
+    """The largest error over the rows the reading specifies (every row outside the compact
+    reading); inf where any row, unread ones included, is not finite."""
+    err = (out.float() - ref.float()).abs().nan_to_num(float("inf"))
+    if case.unread:
+        err = torch.where(out.isfinite().all(), err[_read_rows(inputs, case.block_size)], float("inf"))
+    return float(err.max())
+
+
 def _run_case(case: Case) -> dict:
     """`paged_rope_attention` against the reference; in the compact reading the reference reads
     each block's key shift and each query row's shift from the step, and both rotate the
-    queries (as the model rotated them) back by theirs."""
+    queries (as the model rotated them) back by theirs (the stock kernel's route in ``query``
+    itself, so the reference goes first)."""
     inputs = build(case)
     ref_step = {}
     if case.unread:
@@ -323,8 +366,7 @@ def _run_case(case: Case) -> dict:
         )  # fmt: skip
     paged_rope_attention(**inputs, output=out, **extra)
     tol = 2e-2 if case.dtype == torch.float16 else 1e-3
-    err = (out.float() - ref.float()).abs()
-    max_err = float(err.nan_to_num(float("inf")).max())
+    max_err = _compared(out, ref, case, inputs)
     return {"name": case.name, "ok": max_err <= tol, "max_err": max_err, "tol": tol}
 
 
@@ -558,28 +600,55 @@ def _long_unread_spans() -> tuple[tuple, dict]:
     return (table, kind, origin, qsl, seq, bs), dict(unread=(head, tail), num_tokens=2 * width * bs)
 
 
+def _compact_final_prompts() -> tuple[tuple, dict]:
+    """Final prompts over 20 blocks of 4 tokens (3 chunks of 8): hidden spans, a PDep marker
+    opening each block after one and 2 pads ending each block before one. Rows from the last PDep
+    block (1 leading unread row), from the pads before it (outside spans: 3), and (over a copy of
+    the blocks whose block 18 ends with a pad) with an unread row after read ones; at the origin
+    and moved."""
+    bs, width = 4, 20
+    span, question = [BlockKind.PLAIN, BlockKind.PDEP, BlockKind.HSEP, BlockKind.PLAIN], BlockKind.PDEP
+    layout = (span + [BlockKind.PLAIN]) * 2 + span + [question, BlockKind.PLAIN, question, 0, 0, 0]
+    kind = torch.tensor(layout * 3, dtype=torch.int8)
+    head = (kind == BlockKind.PDEP).to(torch.int32)
+    tail = torch.zeros(3 * width, dtype=torch.int32)
+    tail[[b for b in range(3 * width - 1) if kind[b + 1] == BlockKind.PDEP]] = 2
+    tail[2 * width + 18] = 1
+    tables = [torch.arange(width) + width * copy for copy in (0, 0, 2, 1, 1, 2)]
+    table = torch.stack(tables).to(torch.int32)
+    seq = torch.tensor([width * bs, 17 * bs + 1, width * bs] * 2, dtype=torch.int32)
+    q_lens = torch.tensor([4 * bs, 7, 4 * bs] * 2)
+    qsl = torch.cat((torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0))).to(torch.int32)
+    origin = (torch.arange(3 * width) % width + torch.tensor([0, 3, 0]).repeat_interleave(width)).to(torch.int32)
+    return (table, kind, origin, qsl, seq, bs), dict(unread=(head, tail), num_tokens=int(qsl[-1]))
+
+
 def step_derivation_case(steps: int = 120) -> dict:
     """`derive_step_tensors` (one launch, walking each table row in several chunks here) equals
     `derive_step_tensors_reference` on random steps: marker and hidden blocks anywhere, junk
     entries past a request's length, requests of no rows and padding requests of length 0;
     every other one also in the compact reading, with random unread records and padding query
-    rows, and spans whose first read block lies chunks ahead."""
-    rng, mismatches, compactable = random.Random(7), [], 0
+    rows, spans whose first read block lies chunks ahead, and final prompts with leading unread
+    rows (compactable) and with unread rows after read ones (not)."""
+    rng, mismatches, compactable = random.Random(7), [], {False: 0, True: 0}
     chunk, step_tensors._CHUNK = step_tensors._CHUNK, 8
     try:
-        cases = [_random_step_records(rng, seed) for seed in range(steps)] + [_long_unread_spans()]
+        cases = [_random_step_records(rng, seed) for seed in range(steps)]
+        cases += [_long_unread_spans(), _compact_final_prompts()]
         for seed, (args, compact) in enumerate(cases):
-            for extra in ({}, compact) if seed % 2 == 0 else ({},):  # the compact reading's walk is slower here
+            # The compact reading's walk is slower here: every other random step, and the fixed ones.
+            for extra in ({}, compact) if seed % 2 == 0 or seed >= steps else ({},):
                 got, want = derive_step_tensors(*args, **extra), derive_step_tensors_reference(*args, **extra)
-                compactable += int(want.compactable.sum())
-                for name in ("window_starts", "flags", "kept_len", "kept_rank", "key_shift", "query_shift"):
+                compactable[bool(extra)] += int(want.compactable.sum())
+                for name in ("window_starts", "flags", "kept_len", "kept_start", "key_shift", "query_shift"):
                     a, b = getattr(got, name), getattr(want, name)
                     if (a is None) != (b is None) or (a is not None and not torch.equal(a.long(), b.long())):
                         mismatches.append(f"step {seed}{' compact' if extra else ''}: {name}")
     finally:
         step_tensors._CHUNK = chunk
-    return {"name": "step_derivation", "ok": not mismatches and compactable > 0, "max_err": len(mismatches),
-            "detail": f"compactable requests {compactable}; {mismatches[:5]}"}  # fmt: skip
+    ok = not mismatches and min(compactable.values()) > 0
+    return {"name": "step_derivation", "ok": ok, "max_err": len(mismatches),
+            "detail": f"compactable requests (plain, compact) {compactable}; {mismatches[:5]}"}  # fmt: skip
 
 
 def compact_tails_on_the_stock_kernel_case() -> dict:
@@ -607,7 +676,77 @@ def compact_tails_on_the_stock_kernel_case() -> dict:
             "detail": f"launches={launches}"}  # fmt: skip
 
 
+def compact_final_prompts_on_the_stock_kernel_case() -> dict:
+    """In the compact reading the final prompts' rows (a PDep question or head after cached spans:
+    leading unread rows, then read ones) are the stock kernel's, over scratch pages holding only
+    their kept tokens (one launch, ``seq_used`` their `StepTensors.kept_len`) with their queries
+    rotated back first; the step equals the reference on every read row and is finite on all."""
+    case = next(c for c in CASES if c.name == "f32_compact_final_prompts_moved_gptj")
+    inputs = build(case)
+    step = _compact_step(case, inputs)
+    ref = paged_rope_attention_reference(**inputs, key_shift=step.key_shift, query_shift=step.query_shift)
+    launches = []
+
+    def stock(query: torch.Tensor, key_pages: torch.Tensor, value_pages: torch.Tensor, page_table: torch.Tensor,
+              query_start_loc: torch.Tensor, query_used: torch.Tensor, seq_used: torch.Tensor, *rest: Any) -> None:
+        launches.append((query_used.tolist(), seq_used.tolist()))
+        paged_causal_attention_reference(query, key_pages, value_pages, page_table, query_start_loc, query_used,
+                                         seq_used, *rest)  # fmt: skip
+
+    out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
+    max_err = _compared(out, ref, case, inputs)
+    finals = (0, 1, 6)  # beside them on the pages: the plain prefill, its blocks moved
+    kept = [step.kept_len[r].item() for r in finals]
+    compacted = [[s[r] for r in finals] for q, s in launches if [q[r] for r in finals] == [34, 36, 12]]
+    fewer = all(k < case.reqs[r][0] - 2 * case.block_size for k, r in zip(kept, finals))  # than less hidden heads
+    ok = max_err <= 1e-3 and compacted == [kept] and fewer
+    return {"name": "compact_final_prompts_on_the_stock_kernel", "ok": ok, "max_err": max_err, "tol": 1e-3,
+            "detail": f"launches={launches} kept={kept}"}  # fmt: skip
+
+
+def rotate_into_pages_compact_case() -> dict:
+    """`rotary_pages.rotate_into_pages` against torch, in the compact reading: each kept slot
+    (`step_tensors.kept_slots`) of each request with pages, its key rotated by its block's key
+    shift (`reference.rotate`), and its value, at token ``page_start * block_size + kept_start +
+    slot - lo``; compactable requests keep read, unhidden slots only, the others whole blocks."""
+    case = next(c for c in CASES if c.name == "f32_compact_final_prompts_moved_gptj")
+    inputs = build(case)
+    step = _compact_step(case, inputs)
+    bs, seq_lens = case.block_size, inputs["seq_lens"]
+    pages = [-(-n // bs) for n in seq_lens.tolist()]
+    pages[3] = 0  # a request without pages
+    page_start = torch.tensor([a if p else -1 for a, p in zip([0, *torch.tensor(pages).cumsum(0).tolist()], pages)],
+                              dtype=torch.int32)  # fmt: skip
+    args = (inputs["key_cache"], inputs["value_cache"], inputs["block_table"], step.key_shift, seq_lens, page_start,
+            step.kept_start, step.compactable, inputs["cos_sin"], inputs["rotary_dim"], inputs["is_neox"])
+    key_pages, value_pages = rotary_pages.rotate_into_pages(*args, num_pages=sum(pages), max_pages=max(pages),
+                                                            unread=inputs["unread"])  # fmt: skip
+    lo, hi = step_tensors.kept_slots(inputs["block_table"], inputs["block_kind"], seq_lens, bs, step.compactable,
+                                     inputs["unread"])  # fmt: skip
+    keys, values = key_pages.flatten(0, 1), value_pages.flatten(0, 1)
+    max_err, written, compact_blocks = 0.0, 0, 0
+    for r, start in enumerate(page_start.tolist()):
+        for b in range(pages[r] if start >= 0 else 0):
+            if step.kept_start[r, b] < 0:
+                continue
+            slots = torch.arange(int(lo[r, b]), int(hi[r, b]))
+            phys = inputs["block_table"][r, b].long()
+            want_k = rotate(inputs["key_cache"][phys, slots], step.key_shift[r, b].repeat(len(slots)),
+                            inputs["cos_sin"], inputs["rotary_dim"], inputs["is_neox"])  # fmt: skip
+            at = start * bs + int(step.kept_start[r, b]) + slots - slots[0]
+            max_err = max(max_err, float((keys[at] - want_k).abs().max()),
+                          float((values[at] - inputs["value_cache"][phys, slots]).abs().max()))  # fmt: skip
+            written += len(slots)
+            compact_blocks += int(step.compactable[r]) * int(len(slots) < bs)
+    expected = sum(int(step.kept_len[r]) for r in range(len(pages)) if page_start[r] >= 0)
+    ok = max_err <= 1e-5 and written == expected and compact_blocks > 0
+    return {"name": "rotate_into_pages_compact", "ok": ok, "max_err": max_err, "tol": 1e-5,
+            "detail": f"written={written} expected={expected} compact_blocks={compact_blocks}"}  # fmt: skip
+
+
 EXTRA_CASES: dict[str, Callable[[], dict]] = {
+    "compact_final_prompts_on_the_stock_kernel": compact_final_prompts_on_the_stock_kernel_case,
+    "rotate_into_pages_compact": rotate_into_pages_compact_case,
     "step_derivation": step_derivation_case,
     "refreshed_heads_on_the_stock_kernel": refreshed_heads_on_the_stock_kernel_case,
     "compact_tails_on_the_stock_kernel": compact_tails_on_the_stock_kernel_case,

@@ -304,7 +304,7 @@ def _prefill(
     if routes.scratch is not None:
         scratch = routes.scratch
         key_pages, value_pages = rotate_into_pages(
-            work.key_cache, work.value_cache, work.block_table, work.block_kind, work.key_shift, work.seq_lens,
+            work.key_cache, work.value_cache, work.block_table, work.key_shift, work.seq_lens,
             scratch.page_start, scratch.kept_start, scratch.compactable, work.cos_sin, work.rotary_dim, work.is_neox,
             num_pages=scratch.num_pages, max_pages=scratch.max_pages, unread=work.unread,
         )  # fmt: skip

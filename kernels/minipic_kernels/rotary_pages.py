@@ -51,7 +51,7 @@ def _rotate_into_pages_kernel(
         return
     bt_row_ptr = block_table_ptr + req * stride_btr
     phys = tl.load(bt_row_ptr + blk * stride_btb).to(tl.int64)
-    compacted = (tl.load(compactable_ptr + req) != 0) & COMPACT
+    compacted = tl.load(compactable_ptr + req).to(tl.int32) * COMPACT != 0
     lo, hi = _kept_slots(phys, True, tl.minimum(seq_len - blk * KV_BLOCK_SIZE, KV_BLOCK_SIZE), compacted,
                          unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE)  # fmt: skip
     offs_s = tl.arange(0, KV_BLOCK_SIZE)

@@ -334,8 +334,9 @@ def _kept_slots(phys, valid, present, compacted, unread_head_ptr, unread_tail_pt
     """The slots ``lo <= slot < hi`` of a block a request keeps on scratch pages (`kept_slots`, hidden
     blocks aside): its ``present`` ones; with ``compacted`` (a compactable request in the compact
     reading) its read ones only."""
-    head = tl.load(unread_head_ptr + phys, mask=valid & compacted, other=0)
-    tail = tl.load(unread_tail_ptr + phys, mask=valid & compacted, other=0)
+    read = tl.where(compacted, valid, False)
+    head = tl.load(unread_head_ptr + phys, mask=read, other=0)
+    tail = tl.load(unread_tail_ptr + phys, mask=read, other=0)
     return head, tl.minimum(present, KV_BLOCK_SIZE - tail)
 
 
@@ -443,7 +444,7 @@ def _derive_step_kernel(
     tl.store(flags_ptr + 1 * stride_flags + req, hidden.to(tl.int8))
     tl.store(flags_ptr + 2 * stride_flags + req, masked.to(tl.int8))
     tl.store(flags_ptr + 3 * stride_flags + req, compactable.to(tl.int8))
-    compacted = (compactable > 0) & COMPACT
+    compacted = compactable * COMPACT > 0
     kept_so_far = tl.full((), 0, tl.int32)
     for start in range(0, num_blocks, CHUNK):
         blk = start + tl.arange(0, CHUNK)
