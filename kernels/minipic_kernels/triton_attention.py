@@ -261,7 +261,7 @@ def _unread_rows(q_pos, seq_len, bt_row_ptr, stride_btb, unread_head_ptr, unread
 
 
 @triton.jit
-def _shown_keys(n0, offs_n, seq_len, q_pos, win_start, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr,
+def _shown_keys(n0, offs_n, seq_len, unread_rows, win_start, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr,
                 unread_tail_ptr, KV_BLOCK_SIZE: tl.constexpr, TILE_BLOCKS: tl.constexpr, TILE_ROWS: tl.constexpr,
                 UNREAD: tl.constexpr):
     """``[rows, BLOCK_N]``: whether the block records let each row see each key of the tile
@@ -277,14 +277,12 @@ def _shown_keys(n0, offs_n, seq_len, q_pos, win_start, bt_row_ptr, stride_btb, b
         head = _per_key_record(unread_head_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
         tail = _per_key_record(unread_tail_ptr, phys, ok, TILE_BLOCKS, TILE_ROWS)
         read = (slot >= head) & (slot < KV_BLOCK_SIZE - tail)
-        unread_rows = _unread_rows(q_pos, seq_len, bt_row_ptr, stride_btb, unread_head_ptr, unread_tail_ptr,
-                                   KV_BLOCK_SIZE)  # fmt: skip
         shown = shown & (read[None, :] | unread_rows[:, None])
     return shown
 
 
 @triton.jit
-def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale,
+def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, unread_rows, win_start, key_lo, key_hi, seq_len, qk_scale,
                  has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr, shift_row_ptr,
                  stride_ksb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
                  cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
@@ -315,7 +313,7 @@ def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, 
                           TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, DOT_PRECISION)  # fmt: skip
         allowed = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= win_start[:, None])
         if has_hidden:
-            allowed = allowed & _shown_keys(n0, offs_n, seq_len, q_pos, win_start, bt_row_ptr, stride_btb,
+            allowed = allowed & _shown_keys(n0, offs_n, seq_len, unread_rows, win_start, bt_row_ptr, stride_btb,
                                             block_kind_ptr, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE,
                                             TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, UNREAD)  # fmt: skip
         qk = tl.where(allowed, qk, float("-inf"))
@@ -398,12 +396,17 @@ def _attend_rows(
         q, q_first, q_second = _rotated_query(q, q_first, q_second, q_rows, stride_qd, row_ok, -shift, cos_sin_ptr,
                                               stride_cs, HEAD_P, ROT_HALF, IS_NEOX, PAIR_HALVES)  # fmt: skip
     has_hidden = tl.load(req_hidden_ptr + req) != 0  # once per program: see `_attend_keys`
+    bt_row_ptr = block_table_ptr + req.to(tl.int64) * stride_btr
+    unread_rows = q_pos < 0  # none outside the compact reading; in it, loaded once per program, not per key tile
+    if COMPACT:
+        unread_rows = _unread_rows(q_pos, seq_len, bt_row_ptr, stride_btb, unread_head_ptr, unread_tail_ptr,
+                                   KV_BLOCK_SIZE)  # fmt: skip
     acc = tl.zeros([BLOCK_M, HEAD_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, q, q_first, q_second, q_pos, win_start, key_lo, key_hi, seq_len, qk_scale, has_hidden,
-        block_table_ptr + req.to(tl.int64) * stride_btr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr,
+        acc, m_i, l_i, q, q_first, q_second, q_pos, unread_rows, win_start, key_lo, key_hi, seq_len, qk_scale,
+        has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr,
         key_shift_ptr + req.to(tl.int64) * stride_ksr, stride_ksb, k_ptr + kv_head * stride_kh,
         v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr,
         stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, COMPACT,
