@@ -225,7 +225,7 @@ def _readme_figures() -> list[str]:
     h100_cached, h100_floor, h100_uncached = (statistics.median(r[key] for r in h100 if key in r) for key in h100_keys)
     repeated = {r["server"]: r["ttft_median_s"] for r in _result("cached-ttft-h100-67d6def.json")["rows"]
                 if r["docs"] == 32}  # fmt: skip
-    gpu_suites = [_result(f"gpu-test-h100-67d6def-{half}-suite.json")["seconds"] for half in ("gpu", "reference")]
+    gpu_suites = [_result(f"gpu-test-h100-c02c4f7-{half}-suite.json")["seconds"] for half in ("gpu", "reference")]
     compact = _result("accuracy-families-smollm2-h100-ranked-compact.json.gz")["families"]["single"]["summary"]
     plain = _result("accuracy-families-smollm2-h100-ranked-default-9004e6d.json.gz")["families"]["single"]["summary"]
     default = "lead_text_repeat_refreshed_heads"
@@ -236,7 +236,7 @@ def _readme_figures() -> list[str]:
         f"which takes {floor:.3f} s to answer the same 32-document prompt fully cached",
         f"takes {h100_cached / h100_floor:.2f}x of that floor, {h100_uncached / h100_cached:.0f}x stock's uncached",
         f"a repeated one {repeated['pic-256'] * 1e3:.1f} ms against stock's {repeated['stock-fa3'] * 1e3:.1f} ms",
-        f"record: the two took {gpu_suites[0]:.0f} s and {gpu_suites[1]:.0f} s side by side on an H100",
+        f"they took {gpu_suites[0]:.0f} s and {gpu_suites[1]:.0f} s side by side on an H100 (commit c02c4f7)",
         f"**{_ratio(LATEST, f'{ISPS}, refreshed-heads', 1)}** stock's samples/s (median of 3 runs, commit 8b98355; "
         f"{_ratio(TABLE1_32, f'{ISPS}, refreshed-heads', 32)} with 32 generated tokens on commit 72ee0db",
         f"**{_ratio(LATEST, f'{ISPS}, block', 1)}** in the same run ({_ratio(BLOCK_32, ISPS, 32)} with 32 "
