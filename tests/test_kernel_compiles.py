@@ -57,8 +57,7 @@ def test_rotate_into_pages_compiles_for_sm90(dtype: str, compact: bool) -> None:
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_query_rotation_compiles_for_sm90(dtype: str) -> None:
     constants = dict(HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, ROWS=16)
-    pointers = {**{name: "*i32" for name in ("query_shift_ptr", "query_start_loc_ptr", "query_used_ptr")},
-                "compactable_ptr": "*i8"}  # fmt: skip
+    pointers = {"query_shift_ptr": "*i32"}
     assert _ptx(rotary_pages._rotate_queries_back_kernel, dtype, constants, pointers)
 
 

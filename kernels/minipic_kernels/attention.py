@@ -101,6 +101,9 @@ class Scratch:
     page_table: torch.Tensor  # (num_reqs, max_pages) scratch page ids
     kept_start: torch.Tensor  # each logical block's first token on the pages after its request's first (`StepTensors`)
     compactable: torch.Tensor  # int8 per request (`StepTensors.compactable`): keeps only what its rows read
+    # (num_tokens,) int32: each query row's compact shift where a compactable request's rows read the pages in the
+    # compact reading, 0 for every other row (`rotate_queries_back`); None where no row needs it
+    query_shift: torch.Tensor | None
     query_used: torch.Tensor  # rows the stock kernel computes over the pages, per request
     seq_used: torch.Tensor  # keys it reads there, per request: the tokens kept (`StepTensors.kept_len`)
     num_pages: int
@@ -160,13 +163,22 @@ class StepPlan:
             [[q if a else 0 for q, a in zip(self.query_lens, at_origin)] + pad,
              [q if s else 0 for q, s in zip(self.query_lens, on_scratch)] + pad,
              [b if s else -1 for b, s in zip(starts, on_scratch)] + [-1] * len(pad),
-             [int(t) for t in tiles] + pad],
+             [int(t) for t in tiles] + pad,
+             [int(s and c) for s, c in zip(on_scratch, compacts)] + pad,
+             list(self.query_lens) + pad],
             dtype=torch.int32,
         ).to(step.flags.device, non_blocking=True)[:, :width]  # fmt: skip
         scratch = None
         if any(on_scratch):
-            scratch = Scratch(rows[2], page_table(rows[2], max(pages)), step.kept_start, step.compactable, rows[1],
-                              step.kept_len, sum(pages), max(pages))  # fmt: skip
+            query_shift = None
+            if step.query_shift is not None and any(s and c for s, c in zip(on_scratch, compacts)):
+                # Once per step: the compact shifts of the rows the stock kernel reads the pages with, 0 elsewhere.
+                total = sum(self.query_lens)
+                query_shift = torch.zeros_like(step.query_shift)
+                query_shift[:total] = step.query_shift[:total] * torch.repeat_interleave(rows[4], rows[5],
+                                                                                       output_size=total)
+            scratch = Scratch(rows[2], page_table(rows[2], max(pages)), step.kept_start, step.compactable, query_shift,
+                              rows[1], step.kept_len, sum(pages), max(pages))  # fmt: skip
         routes = Routes(
             at_origin=rows[0] if any(at_origin) else None,
             scratch=scratch,
@@ -308,10 +320,8 @@ def _prefill(
             scratch.page_start, scratch.kept_start, scratch.compactable, work.cos_sin, work.rotary_dim, work.is_neox,
             num_pages=scratch.num_pages, max_pages=scratch.max_pages, unread=work.unread,
         )  # fmt: skip
-        if work.query_shift is not None:
-            rotate_queries_back(work.query, work.query_shift, work.query_start_loc, scratch.query_used,
-                                scratch.compactable, work.cos_sin, work.rotary_dim, work.is_neox,
-                                max_query_len=plan.max_query_len)  # fmt: skip
+        if scratch.query_shift is not None:
+            rotate_queries_back(work.query, scratch.query_shift, work.cos_sin, work.rotary_dim, work.is_neox)
         paged_attention(
             work.query, key_pages, value_pages, scratch.page_table, work.query_start_loc, scratch.query_used,
             scratch.seq_used, plan.max_query_len, plan.max_seq_len, work.scale, output,

@@ -118,54 +118,40 @@ def rotate_into_pages(
     return k_out, v_out
 
 
-@triton.jit(do_not_specialize=["stride_qt"])
+@triton.jit(do_not_specialize=["num_rows", "stride_qt"])
 def _rotate_queries_back_kernel(
-    q_ptr, query_shift_ptr, query_start_loc_ptr, query_used_ptr, compactable_ptr, cos_sin_ptr,
-    stride_qt, stride_qh, stride_qd, stride_cs,
+    q_ptr, query_shift_ptr, cos_sin_ptr, num_rows, stride_qt, stride_qh, stride_qd, stride_cs,
     HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    """Program (request, tile of ``ROWS`` rows, query head): those rows rotated back by their
-    query shifts, in place, for a compactable request's first ``query_used`` rows only."""
-    req = tl.program_id(0)
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    used = tl.where(tl.load(compactable_ptr + req) != 0, tl.load(query_used_ptr + req), 0)
-    if tl.program_id(1) * ROWS >= used:
+    """Program (tile of ``ROWS`` query rows, query head): those rows rotated back by their
+    shifts, in place; a tile whose shifts are all 0 returns at once."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    shift = tl.load(query_shift_ptr + rows, mask=rows < num_rows, other=0)
+    row_ok = shift != 0
+    if tl.max(row_ok.to(tl.int32), 0) == 0:
         return
-    row_ok = rows < used
-    q_begin = tl.load(query_start_loc_ptr + req)
-    q_rows = q_ptr + (q_begin + rows).to(tl.int64) * stride_qt + tl.program_id(2) * stride_qh
+    q_rows = q_ptr + rows.to(tl.int64) * stride_qt + tl.program_id(1) * stride_qh
     offs_d = tl.arange(0, HEAD_P)
     d_ok = offs_d < HEAD
     q = _load_rows(q_rows, offs_d, stride_qd, row_ok, d_ok)
-    shift = tl.load(query_shift_ptr + q_begin + rows, mask=row_ok, other=0)
     q, _, _ = _rotated_query(q, q, q, q_rows, stride_qd, row_ok, -shift, cos_sin_ptr, stride_cs, HEAD_P, ROT_HALF,
                              IS_NEOX, False)  # fmt: skip
     tl.store(q_rows[:, None] + offs_d[None, :] * stride_qd, q, mask=row_ok[:, None] & d_ok[None, :])
 
 
 def rotate_queries_back(
-    query: torch.Tensor,
-    query_shift: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    query_used: torch.Tensor,
-    compactable: torch.Tensor,
-    cos_sin: torch.Tensor,
-    rotary_dim: int,
-    is_neox: bool,
-    *,
-    max_query_len: int,
+    query: torch.Tensor, query_shift: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, is_neox: bool
 ) -> None:
-    """Rotate the first ``query_used[r]`` rows of each compactable request ``r`` (int8
-    ``compactable``) back by their compact shifts (`StepTensors.query_shift`), in ``query``
-    itself, as the tile kernel rotates its rows (`triton_attention._rotated_query`): for the
-    stock kernel over scratch pages. ``max_query_len`` bounds ``query_used`` (a host int: no sync)."""
-    num_reqs = query_used.shape[0]
-    if rotary_dim == 0 or num_reqs == 0 or max_query_len == 0:
+    """Rotate each row of ``query`` back by its compact shift (``query_shift``, int32 per row; 0:
+    left as it is), in ``query`` itself, as the tile kernel rotates its rows in registers
+    (`triton_attention._rotated_query`): for the stock kernel over scratch pages, which takes
+    queries as they are (`attention.Scratch.query_shift` holds the shifts of its rows only)."""
+    num_rows = query.shape[0]
+    if rotary_dim == 0 or num_rows == 0:
         return
-    _rotate_queries_back_kernel[(num_reqs, triton.cdiv(max_query_len, _QUERY_ROWS), query.shape[1])](
-        query, query_shift, query_start_loc, query_used, compactable, cos_sin, *query.stride(), cos_sin.stride(0),
-        HEAD=query.shape[2], HEAD_P=_pow2(query.shape[2]), ROT_HALF=rotary_dim // 2, IS_NEOX=bool(is_neox),
-        ROWS=_QUERY_ROWS, num_warps=2,
+    _rotate_queries_back_kernel[(triton.cdiv(num_rows, _QUERY_ROWS), query.shape[1])](
+        query, query_shift, cos_sin, num_rows, *query.stride(), cos_sin.stride(0), HEAD=query.shape[2],
+        HEAD_P=_pow2(query.shape[2]), ROT_HALF=rotary_dim // 2, IS_NEOX=bool(is_neox), ROWS=_QUERY_ROWS, num_warps=2,
     )  # fmt: skip
 
 
