@@ -547,14 +547,9 @@ def compact_query_rotation_case(name: str) -> dict:
             "detail": f"rows shifted {shifted} unrotated_err={errors[1]}"}  # fmt: skip
 
 
-def refreshed_heads_on_the_stock_kernel_case() -> dict:
-    """The refreshed-heads final prompts' rows (their last 12 tokens alone too) are the stock
-    kernel's, over pages without their two hidden heads (the tile kernel would pass the cases
-    above too): one launch computes their rows alone with ``seq_used`` two blocks short, and
-    the step equals the reference."""
-    case = next(c for c in CASES if c.name == "f32_refreshed_heads_at_origin")
-    inputs = build(case)
-    launches = []
+def _recording_stock_kernel(launches: list[tuple[list[int], list[int]]]) -> Callable[..., None]:
+    """The torch stand-in for the stock kernel (`paged_causal_attention_reference`), recording
+    each launch's rows and keys per request (``query_used``, ``seq_used``) in ``launches``."""
 
     def stock(query: torch.Tensor, key_pages: torch.Tensor, value_pages: torch.Tensor, page_table: torch.Tensor,
               query_start_loc: torch.Tensor, query_used: torch.Tensor, seq_used: torch.Tensor, *rest: Any) -> None:
@@ -562,6 +557,18 @@ def refreshed_heads_on_the_stock_kernel_case() -> dict:
         paged_causal_attention_reference(query, key_pages, value_pages, page_table, query_start_loc, query_used,
                                          seq_used, *rest)  # fmt: skip
 
+    return stock
+
+
+def refreshed_heads_on_the_stock_kernel_case() -> dict:
+    """The refreshed-heads final prompts' rows (their last 12 tokens alone too) are the stock
+    kernel's, over pages without their two hidden heads (the tile kernel would pass the cases
+    above too): one launch computes their rows alone with ``seq_used`` two blocks short, and
+    the step equals the reference."""
+    case = next(c for c in CASES if c.name == "f32_refreshed_heads_at_origin")
+    inputs = build(case)
+    launches: list[tuple[list[int], list[int]]] = []
+    stock = _recording_stock_kernel(launches)
     out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
     max_err = float((out - paged_rope_attention_reference(**inputs)).abs().nan_to_num(float("inf")).max())
     compacted = [s[:2] + s[6:] for q, s in launches if q == [34, 36, 0, 0, 0, 0, 12]]
@@ -658,20 +665,14 @@ def compact_tails_on_the_stock_kernel_case() -> dict:
     prefill row over the cache, and the step equals the reference."""
     case = next(c for c in CASES if c.name == "f32_compact_tails_dense_at_origin")
     inputs = build(case)
-    launches = []
-
-    def stock(query: torch.Tensor, key_pages: torch.Tensor, value_pages: torch.Tensor, page_table: torch.Tensor,
-              query_start_loc: torch.Tensor, query_used: torch.Tensor, *rest: Any) -> None:
-        launches.append(query_used.tolist())
-        paged_causal_attention_reference(query, key_pages, value_pages, page_table, query_start_loc, query_used,
-                                         *rest)  # fmt: skip
-
+    launches: list[tuple[list[int], list[int]]] = []
+    stock = _recording_stock_kernel(launches)
     out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
     step = _compact_step(case, inputs)
     ref = paged_rope_attention_reference(**inputs, key_shift=step.key_shift, query_shift=step.query_shift)
     max_err = float((out - ref).abs().nan_to_num(float("inf")).max())
     prefill_rows = [q if q > triton_attention.decode_query_limit(case.group) else 0 for _, q in case.reqs]
-    ok = max_err <= 1e-3 and launches == [prefill_rows]
+    ok = max_err <= 1e-3 and [rows for rows, _ in launches] == [prefill_rows]
     return {"name": "compact_tails_on_the_stock_kernel", "ok": ok, "max_err": max_err, "tol": 1e-3,
             "detail": f"launches={launches}"}  # fmt: skip
 
@@ -685,14 +686,8 @@ def compact_final_prompts_on_the_stock_kernel_case() -> dict:
     inputs = build(case)
     step = _compact_step(case, inputs)
     ref = paged_rope_attention_reference(**inputs, key_shift=step.key_shift, query_shift=step.query_shift)
-    launches = []
-
-    def stock(query: torch.Tensor, key_pages: torch.Tensor, value_pages: torch.Tensor, page_table: torch.Tensor,
-              query_start_loc: torch.Tensor, query_used: torch.Tensor, seq_used: torch.Tensor, *rest: Any) -> None:
-        launches.append((query_used.tolist(), seq_used.tolist()))
-        paged_causal_attention_reference(query, key_pages, value_pages, page_table, query_start_loc, query_used,
-                                         seq_used, *rest)  # fmt: skip
-
+    launches: list[tuple[list[int], list[int]]] = []
+    stock = _recording_stock_kernel(launches)
     out = paged_rope_attention(**inputs, paged_attention=stock, prefill=case.prefill, decode=case.decode)
     max_err = _compared(out, ref, case, inputs)
     finals = (0, 1, 6)  # beside them on the pages: the plain prefill, its blocks moved
