@@ -794,7 +794,8 @@ class _LaunchRecorder:
 
 KERNELS = ((triton_attention, "_decode_kernel"), (triton_attention, "_prefill_kernel"),
            (triton_attention, "_merge_splits_kernel"),
-           (rotary_pages, "_rotate_into_pages_kernel"), (kv_write, "_write_kv_kernel"),
+           (rotary_pages, "_rotate_into_pages_kernel"), (rotary_pages, "_rotate_queries_back_kernel"),
+           (kv_write, "_write_kv_kernel"),
            (step_tensors, "_derive_step_kernel"))  # fmt: skip
 
 

@@ -85,7 +85,7 @@ def _run(
 ) -> None:
     """One step over fresh random tensors; request ``moved`` (if any) reads its first block
     away from where it was computed. With ``compact``, in the compact reading, where the first
-    request's second block (if any) opens with an unread marker."""
+    request's second block and the moved one's (if any) open with an unread marker."""
     device, bs = cos_sin.device, shape.block_size
     hq, hkv, d = shape.num_q_heads, shape.num_kv_heads, shape.head_size
     blocks = [-(-seq // bs) for seq, _ in reqs]
@@ -127,7 +127,11 @@ def _run(
     unread: tuple[torch.Tensor, torch.Tensor] | None = None
     if compact:  # the server's records: int32 per physical block
         head = torch.zeros(num_blocks, dtype=torch.int32, device=device)
-        head[int(table[0, 1])] = 1
+        # An unread marker opening the first request's second block (rows after it in a span: the tile kernel)
+        # and the moved one's (rows outside spans after it: scratch pages of read keys, queries rotated back).
+        for r in {0, moved} & set(range(len(reqs))):
+            if blocks[r] > 1:
+                head[int(table[r, 1])] = 1
         unread = (head, torch.zeros_like(head))
     paged_rope_attention(
         query, key_cache, value_cache, table, qsl.to(device),
