@@ -127,7 +127,7 @@ def _step(
     table = torch.tensor([t + [0] * (8 - len(t)) for t in tables], dtype=torch.int32)
     seq_lens = torch.tensor([s for s, _ in reqs], dtype=torch.int32)
     qsl = torch.tensor([0] + [q for _, q in reqs]).cumsum(0)
-    origin = torch.zeros(len(LAYOUT), dtype=torch.int32)
+    origin = torch.zeros(len(kinds), dtype=torch.int32)
     for row in tables:
         origin[row] = torch.arange(len(row), dtype=torch.int32)
     step = derive_step_tensors_reference(table, kinds, origin, qsl, seq_lens, BS, unread, int(qsl[-1]))
