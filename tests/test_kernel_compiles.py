@@ -48,17 +48,10 @@ def test_rotate_into_pages_compiles_for_sm90(dtype: str, compact: bool) -> None:
     constants = dict(NUM_KV_HEADS=8, HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, KV_BLOCK_SIZE=16, COMPACT=compact)
     pointers = {
         **{name: "*i32" for name in ("block_table_ptr", "key_shift_ptr", "seq_lens_ptr", "page_start_ptr",
-                                     "kept_start_ptr", "unread_head_ptr", "unread_tail_ptr")},
+                                     "kept_start_ptr", "unread_head_ptr", "unread_tail_ptr", "row_shift_ptr")},
         "compactable_ptr": "*i8",
     }  # fmt: skip
     assert _ptx(rotary_pages._rotate_into_pages_kernel, dtype, constants, pointers)  # the table in the cache's dtype
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_query_rotation_compiles_for_sm90(dtype: str) -> None:
-    constants = dict(HEAD=128, HEAD_P=128, ROT_HALF=64, IS_NEOX=True, ROWS=16)
-    pointers = {"query_shift_ptr": "*i32"}
-    assert _ptx(rotary_pages._rotate_queries_back_kernel, dtype, constants, pointers)
 
 
 @pytest.mark.parametrize("compact", [False, True])

@@ -702,8 +702,9 @@ def compact_final_prompts_on_the_stock_kernel_case() -> dict:
 def rotate_into_pages_compact_case() -> dict:
     """`rotary_pages.rotate_into_pages` against torch, in the compact reading: each kept slot
     (`step_tensors.kept_slots`) of each request with pages, its key rotated by its block's key
-    shift (`reference.rotate`), and its value, at token ``page_start * block_size + kept_start +
-    slot - lo``; compactable requests keep read, unhidden slots only, the others whole blocks."""
+    shift plus its request's row shift (`reference.rotate`), and its value, at token
+    ``page_start * block_size + kept_start + slot - lo``; compactable requests keep read, unhidden
+    slots only, the others whole blocks."""
     case = next(c for c in CASES if c.name == "f32_compact_final_prompts_moved_gptj")
     inputs = build(case)
     step = _compact_step(case, inputs)
@@ -714,8 +715,9 @@ def rotate_into_pages_compact_case() -> dict:
                               dtype=torch.int32)  # fmt: skip
     args = (inputs["key_cache"], inputs["value_cache"], inputs["block_table"], step.key_shift, seq_lens, page_start,
             step.kept_start, step.compactable, inputs["cos_sin"], inputs["rotary_dim"], inputs["is_neox"])
+    row_shift = torch.arange(len(pages), dtype=torch.int32) * 3 - 5  # negative and positive
     key_pages, value_pages = rotary_pages.rotate_into_pages(*args, num_pages=sum(pages), max_pages=max(pages),
-                                                            unread=inputs["unread"])  # fmt: skip
+                                                            unread=inputs["unread"], row_shift=row_shift)  # fmt: skip
     lo, hi = step_tensors.kept_slots(inputs["block_table"], inputs["block_kind"], seq_lens, bs, step.compactable,
                                      inputs["unread"])  # fmt: skip
     keys, values = key_pages.flatten(0, 1), value_pages.flatten(0, 1)
@@ -726,7 +728,7 @@ def rotate_into_pages_compact_case() -> dict:
                 continue
             slots = torch.arange(int(lo[r, b]), int(hi[r, b]))
             phys = inputs["block_table"][r, b].long()
-            want_k = rotate(inputs["key_cache"][phys, slots], step.key_shift[r, b].repeat(len(slots)),
+            want_k = rotate(inputs["key_cache"][phys, slots], (step.key_shift[r, b] + row_shift[r]).repeat(len(slots)),
                             inputs["cos_sin"], inputs["rotary_dim"], inputs["is_neox"])  # fmt: skip
             at = start * bs + int(step.kept_start[r, b]) + slots - slots[0]
             max_err = max(max_err, float((keys[at] - want_k).abs().max()),
@@ -794,7 +796,7 @@ class _LaunchRecorder:
 
 KERNELS = ((triton_attention, "_decode_kernel"), (triton_attention, "_prefill_kernel"),
            (triton_attention, "_merge_splits_kernel"),
-           (rotary_pages, "_rotate_into_pages_kernel"), (rotary_pages, "_rotate_queries_back_kernel"),
+           (rotary_pages, "_rotate_into_pages_kernel"),
            (kv_write, "_write_kv_kernel"),
            (step_tensors, "_derive_step_kernel"))  # fmt: skip
 

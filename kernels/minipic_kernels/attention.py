@@ -39,7 +39,7 @@ from typing import Protocol
 
 import torch
 
-from minipic_kernels.rotary_pages import page_table, rotate_into_pages, rotate_queries_back
+from minipic_kernels.rotary_pages import page_table, rotate_into_pages
 from minipic_kernels.step_tensors import COMPACTABLE, MASKED, MOVED, StepTensors, derive_step_tensors
 from minipic_kernels.triton_attention import (
     AttentionConfig,
@@ -95,15 +95,18 @@ class Scratch:
     kernel gives it 0), finite, and no read row sees its output: the compact reading leaves
     unread rows unspecified but finite (`compact_shifts.read_keys`). Positions come from the
     rotations alone: each key by its block's ``key_shift`` (`rotate_into_pages`) and, in the
-    compact reading, each query row back by its ``query_shift`` (`rotate_queries_back`)."""
+    compact reading, further by ``row_shift``, its request's read rows' compact shift: those rows
+    reach the stock kernel rotated at their indices, that many positions past their compact
+    positions, so keys moved as far score alike (every read row shares the shift: no unread token
+    follows the first)."""
 
     page_start: torch.Tensor
     page_table: torch.Tensor  # (num_reqs, max_pages) scratch page ids
     kept_start: torch.Tensor  # each logical block's first token on the pages after its request's first (`StepTensors`)
     compactable: torch.Tensor  # int8 per request (`StepTensors.compactable`): keeps only what its rows read
-    # (num_tokens,) int32: each query row's compact shift where a compactable request's rows read the pages in the
-    # compact reading, 0 for every other row (`rotate_queries_back`); None where no row needs it
-    query_shift: torch.Tensor | None
+    # (num_reqs,) int32: the compact shift of each compactable request's read rows (its last row's
+    # `StepTensors.query_shift`), 0 for the others; None outside the compact reading
+    row_shift: torch.Tensor | None
     query_used: torch.Tensor  # rows the stock kernel computes over the pages, per request
     seq_used: torch.Tensor  # keys it reads there, per request: the tokens kept (`StepTensors.kept_len`)
     num_pages: int
@@ -165,19 +168,15 @@ class StepPlan:
              [b if s else -1 for b, s in zip(starts, on_scratch)] + [-1] * len(pad),
              [int(t) for t in tiles] + pad,
              [int(s and c) for s, c in zip(on_scratch, compacts)] + pad,
-             list(self.query_lens) + pad],
+             [max(end - 1, 0) for end in itertools.accumulate(self.query_lens)] + pad],
             dtype=torch.int32,
         ).to(step.flags.device, non_blocking=True)[:, :width]  # fmt: skip
         scratch = None
         if any(on_scratch):
-            query_shift = None
-            if step.query_shift is not None and any(s and c for s, c in zip(on_scratch, compacts)):
-                # Once per step: the compact shifts of the rows the stock kernel reads the pages with, 0 elsewhere.
-                total = sum(self.query_lens)
-                query_shift = torch.zeros_like(step.query_shift)
-                query_shift[:total] = step.query_shift[:total] * torch.repeat_interleave(rows[4], rows[5],
-                                                                                       output_size=total)
-            scratch = Scratch(rows[2], page_table(rows[2], max(pages)), step.kept_start, step.compactable, query_shift,
+            row_shift = None
+            if step.query_shift is not None:  # the shift of each request's last row, kept where it reads compacted
+                row_shift = step.query_shift[rows[5].long()] * rows[4]
+            scratch = Scratch(rows[2], page_table(rows[2], max(pages)), step.kept_start, step.compactable, row_shift,
                               rows[1], step.kept_len, sum(pages), max(pages))  # fmt: skip
         routes = Routes(
             at_origin=rows[0] if any(at_origin) else None,
@@ -250,10 +249,10 @@ def paged_rope_attention(
     ``output`` must not alias the inputs. ``prefill``/``decode`` override the launch configurations (tests, benchmarks).
     In the compact reading the queries come as the model rotated them, at their tokens' indices:
     the decode and tile kernels rotate each row back to its compact position by its block's
-    shift (`StepTensors.query_shift`) as they load it; the rows of compactable requests on scratch
-    pages are rotated back in ``query`` itself before the stock kernel reads them
-    (`rotate_queries_back`: each row is one route's), and the stock kernel over the cache is given
-    only requests whose shifts are all 0 (`StepPlan.routed`).
+    shift (`StepTensors.query_shift`) as they load it; the stock kernel reads the rows of
+    compactable requests on scratch pages as they are, over keys rotated as much further
+    (`Scratch.row_shift`), and over the cache only requests whose shifts are all 0
+    (`StepPlan.routed`). ``query`` is never written.
     Moved keys are rotated with ``cos_sin`` in the key cache's dtype, as vLLM's RoPE rotates
     keys with its table in the model's; pass it so (`RopeSpec.unit_cos_sin_in`) to spare a
     conversion per call.
@@ -318,10 +317,8 @@ def _prefill(
         key_pages, value_pages = rotate_into_pages(
             work.key_cache, work.value_cache, work.block_table, work.key_shift, work.seq_lens,
             scratch.page_start, scratch.kept_start, scratch.compactable, work.cos_sin, work.rotary_dim, work.is_neox,
-            num_pages=scratch.num_pages, max_pages=scratch.max_pages, unread=work.unread,
+            num_pages=scratch.num_pages, max_pages=scratch.max_pages, unread=work.unread, row_shift=scratch.row_shift,
         )  # fmt: skip
-        if scratch.query_shift is not None:
-            rotate_queries_back(work.query, scratch.query_shift, work.cos_sin, work.rotary_dim, work.is_neox)
         paged_attention(
             work.query, key_pages, value_pages, scratch.page_table, work.query_start_loc, scratch.query_used,
             scratch.seq_used, plan.max_query_len, plan.max_seq_len, work.scale, output,

@@ -7,9 +7,10 @@ keys it keeps (`step_tensors.kept_slots`), each rotated by its block's key shift
 values, token by token into pages laid out like vLLM's paged cache,
 ``(pages, block_size, num_kv_heads, head_size)``: a request's pages are contiguous and hold
 its kept tokens in index order (`attention.Scratch`; one page table for K and V, as
-FlashAttention takes). In the compact reading the query rows of a compactable request are
-rotated back to their compact positions too (`rotate_queries_back`), as the tile kernel
-rotates them in registers.
+FlashAttention takes). In the compact reading a compactable request's read rows sit
+``row_shift`` positions past their compact positions (the tile kernel rotates them back in
+registers); FlashAttention takes queries as they are, so its keys are rotated that much
+further instead: scores depend on positions' differences alone.
 """
 
 from __future__ import annotations
@@ -19,27 +20,26 @@ import triton
 import triton.language as tl
 
 from minipic_kernels.step_tensors import _kept_slots
-from minipic_kernels.triton_attention import _load_rows, _pow2, _rotary_lanes, _rotated_keys, _rotated_query
+from minipic_kernels.triton_attention import _load_rows, _pow2, _rotary_lanes, _rotated_keys
 
-__all__ = ["page_table", "rotate_into_pages", "rotate_queries_back"]
-
-# Query rows per program of `rotate_queries_back`.
-_QUERY_ROWS = 16
+__all__ = ["page_table", "rotate_into_pages"]
 
 
 @triton.jit(do_not_specialize=["stride_btr", "stride_ksr", "stride_kpr"])
 def _rotate_into_pages_kernel(
     k_out_ptr, v_out_ptr, k_ptr, v_ptr, block_table_ptr, key_shift_ptr, seq_lens_ptr, page_start_ptr,
-    kept_start_ptr, compactable_ptr, unread_head_ptr, unread_tail_ptr, cos_sin_ptr,
+    kept_start_ptr, compactable_ptr, unread_head_ptr, unread_tail_ptr, row_shift_ptr, cos_sin_ptr,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_ksr, stride_ksb, stride_kpr, stride_kpb, stride_cs,
     NUM_KV_HEADS: tl.constexpr, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
     IS_NEOX: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
-    COMPACT: tl.constexpr,  # the compact reading: a compactable request keeps only its blocks' read slots
+    # the compact reading: a compactable request keeps only its blocks' read slots, keys move further by its row shift
+    COMPACT: tl.constexpr,
 ):  # fmt: skip
-    """Program (request, logical block, kv head): that block's kept keys rotated by its key shift,
-    and their values, to the request's pages from token ``kept_start`` on (none for a request
-    without pages, a block keeping nothing or past the request's length)."""
+    """Program (request, logical block, kv head): that block's kept keys rotated by its key shift
+    (plus, in the compact reading, its request's row shift), and their values, to the request's
+    pages from token ``kept_start`` on (none for a request without pages, a block keeping nothing
+    or past the request's length)."""
     req = tl.program_id(0)
     blk = tl.program_id(1)
     head = tl.program_id(2)
@@ -67,6 +67,8 @@ def _rotate_into_pages_kernel(
     if ROT_HALF > 0:
         column, partner, sign, rotates = _rotary_lanes(HEAD_P, ROT_HALF, IS_NEOX)
         shift = tl.load(key_shift_ptr + req * stride_ksr + blk * stride_ksb) + tl.zeros([1], tl.int32)
+        if COMPACT:
+            shift += tl.load(row_shift_ptr + req)
         k = _rotated_keys(k, k_rows, stride_kd, kept, shift, cos_sin_ptr, stride_cs, column, partner, sign, rotates,
                           HEAD_P, ROT_HALF, 1, KV_BLOCK_SIZE)  # fmt: skip
     tl.store(k_out_ptr + out, k, mask=ok)
@@ -89,12 +91,16 @@ def rotate_into_pages(
     num_pages: int,
     max_pages: int,
     unread: tuple[torch.Tensor, torch.Tensor] | None = None,
+    row_shift: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Moved keys and copied values of every kept token of the requests with pages.
 
     Request ``r``'s kept slots of logical block ``b`` (`step_tensors.kept_slots`: from
     ``compactable``, int8 per request, and in the compact reading the ``unread`` records), each
-    key rotated by ``key_shift[r, b]``, go to consecutive scratch tokens from
+    key rotated by ``key_shift[r, b]`` plus, in the compact reading, ``row_shift[r]`` (int32 per
+    request, given with ``unread``: the compact shift of a compactable request's read rows, which
+    reach the stock kernel as the model rotated them), go to
+    consecutive scratch tokens from
     ``page_start[r] * block_size + kept_start[r, b]`` on (int32), none where either is -1.
     ``num_pages`` (total) and ``max_pages`` (at least the logical blocks of any request with pages)
     are host ints the caller knows from its plan: no host sync. Tokens past a request's kept ones
@@ -107,52 +113,18 @@ def rotate_into_pages(
     num_reqs = seq_lens.shape[0]
     if num_pages == 0 or num_reqs == 0 or max_pages == 0:
         return k_out, v_out
-    head, tail = unread if unread is not None else (seq_lens, seq_lens)  # read only in the compact reading
+    if (unread is None) != (row_shift is None):
+        raise ValueError("rotate_into_pages: unread and row_shift are given together (the compact reading)")
+    # Read only in the compact reading.
+    head, tail, row_shift = (*unread, row_shift) if unread is not None else (seq_lens, seq_lens, seq_lens)
     _rotate_into_pages_kernel[(num_reqs, max_pages, num_kv_heads)](
         k_out, v_out, key_cache, value_cache, block_table, key_shift, seq_lens, page_start, kept_start, compactable,
-        head, tail, cos_sin, *key_cache.stride(), *value_cache.stride(), *block_table.stride(), *key_shift.stride(),
-        *kept_start.stride(), cos_sin.stride(0), NUM_KV_HEADS=num_kv_heads, HEAD=head_size, HEAD_P=_pow2(head_size),
-        ROT_HALF=rotary_dim // 2, IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, COMPACT=unread is not None,
-        num_warps=2,
+        head, tail, row_shift, cos_sin, *key_cache.stride(), *value_cache.stride(), *block_table.stride(),
+        *key_shift.stride(), *kept_start.stride(), cos_sin.stride(0),
+        NUM_KV_HEADS=num_kv_heads, HEAD=head_size, HEAD_P=_pow2(head_size), ROT_HALF=rotary_dim // 2,
+        IS_NEOX=bool(is_neox), KV_BLOCK_SIZE=block_size, COMPACT=unread is not None, num_warps=2,
     )  # fmt: skip
     return k_out, v_out
-
-
-@triton.jit(do_not_specialize=["num_rows", "stride_qt"])
-def _rotate_queries_back_kernel(
-    q_ptr, query_shift_ptr, cos_sin_ptr, num_rows, stride_qt, stride_qh, stride_qd, stride_cs,
-    HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, ROWS: tl.constexpr,
-):  # fmt: skip
-    """Program (tile of ``ROWS`` query rows, query head): those rows rotated back by their
-    shifts, in place; a tile whose shifts are all 0 returns at once."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    shift = tl.load(query_shift_ptr + rows, mask=rows < num_rows, other=0)
-    row_ok = shift != 0
-    if tl.max(row_ok.to(tl.int32), 0) == 0:
-        return
-    q_rows = q_ptr + rows.to(tl.int64) * stride_qt + tl.program_id(1) * stride_qh
-    offs_d = tl.arange(0, HEAD_P)
-    d_ok = offs_d < HEAD
-    q = _load_rows(q_rows, offs_d, stride_qd, row_ok, d_ok)
-    q, _, _ = _rotated_query(q, q, q, q_rows, stride_qd, row_ok, -shift, cos_sin_ptr, stride_cs, HEAD_P, ROT_HALF,
-                             IS_NEOX, False)  # fmt: skip
-    tl.store(q_rows[:, None] + offs_d[None, :] * stride_qd, q, mask=row_ok[:, None] & d_ok[None, :])
-
-
-def rotate_queries_back(
-    query: torch.Tensor, query_shift: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, is_neox: bool
-) -> None:
-    """Rotate each row of ``query`` back by its compact shift (``query_shift``, int32 per row; 0:
-    left as it is), in ``query`` itself, as the tile kernel rotates its rows in registers
-    (`triton_attention._rotated_query`): for the stock kernel over scratch pages, which takes
-    queries as they are (`attention.Scratch.query_shift` holds the shifts of its rows only)."""
-    num_rows = query.shape[0]
-    if rotary_dim == 0 or num_rows == 0:
-        return
-    _rotate_queries_back_kernel[(triton.cdiv(num_rows, _QUERY_ROWS), query.shape[1])](
-        query, query_shift, cos_sin, num_rows, *query.stride(), cos_sin.stride(0), HEAD=query.shape[2],
-        HEAD_P=_pow2(query.shape[2]), ROT_HALF=rotary_dim // 2, IS_NEOX=bool(is_neox), ROWS=_QUERY_ROWS, num_warps=2,
-    )  # fmt: skip
 
 
 def page_table(page_start: torch.Tensor, max_pages: int) -> torch.Tensor:

@@ -128,7 +128,7 @@ def _run(
     if compact:  # the server's records: int32 per physical block
         head = torch.zeros(num_blocks, dtype=torch.int32, device=device)
         # An unread marker opening the first request's second block (rows after it in a span: the tile kernel)
-        # and the moved one's (rows outside spans after it: scratch pages of read keys, queries rotated back).
+        # and the moved one's (rows outside spans after it: scratch pages of read keys moved by the rows' shift).
         for r in {0, moved} & set(range(len(reqs))):
             if blocks[r] > 1:
                 head[int(table[r, 1])] = 1
