@@ -95,8 +95,9 @@ test-gpu-halves|test-gpu-parts)
     # pytest folder), log and record, $OUT/gpu-test-h200-<part>.json. Their tiny-model servers fit
     # the GPU side by side: each takes --kv-cache-memory-bytes of KV cache, not a share of memory.
     # test-gpu-parts runs the CPU-offload test as a third part (offload-suite): the GPU suite's half
-    # took 512 s of a call's 600 on an H100 (c02c4f7). Not yet run: each vLLM server checks at
-    # start that the memory the others hold leaves it --gpu-memory-utilization of the GPU.
+    # took 512 s of a call's 600 on an H100 (c02c4f7). Each vLLM server checks at start that the
+    # memory the others hold leaves it --gpu-memory-utilization of the GPU: on an H100 the three
+    # started side by side; no call has finished all three yet.
     declare -A deselect=([gpu-suite]="" [offload-suite]="--deselect tests/gpu/test_gpu_serving.py "
                          [reference-suite]="--deselect tests/gpu")
     parts=(gpu-suite reference-suite)
