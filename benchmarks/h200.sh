@@ -97,7 +97,7 @@ test-gpu-halves|test-gpu-parts)
     # test-gpu-parts runs the CPU-offload test as a third part (offload-suite): the GPU suite's half
     # took 512 s of a call's 600 on an H100 (c02c4f7). Each vLLM server checks at start that the
     # memory the others hold leaves it --gpu-memory-utilization of the GPU: on an H100 the three
-    # started side by side; no call has finished all three yet.
+    # ran side by side in one call of 365 s (58114de).
     declare -A deselect=([gpu-suite]="" [offload-suite]="--deselect tests/gpu/test_gpu_serving.py "
                          [reference-suite]="--deselect tests/gpu")
     parts=(gpu-suite reference-suite)

@@ -247,6 +247,7 @@ FIGURES = (
     ("served-h100-table1-c3c9f9e-default.json", "served-table1-c3c9f9e-default.png", served_table1),
     ("served-h200-table1-ddfd684-compact.json", "served-table1-ddfd684-compact.png", served_table1),
     ("served-h100-table1-c02c4f7-compact.json", "served-table1-c02c4f7-compact.png", served_table1),
+    ("served-h100-table1-58114de-compact.json", "served-table1-58114de-compact.png", served_table1),
     ("served-h200-spans.json", "served-figure2.png", served_figure2),
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),
@@ -256,6 +257,7 @@ FIGURES = (
     ("served-h100-figure2-df8727e.json", "served-figure2-df8727e.png", served_figure2),
     ("served-h100-figure2-67d6def.json", "served-figure2-67d6def.png", served_figure2),
     ("served-h200-figure2-2b161a0.json", "served-figure2-2b161a0.png", served_figure2),
+    ("served-h100-figure2-641470f.json", "served-figure2-641470f.png", served_figure2),
     ("replicas-h200.json", "scale-out-replicas.png", replicas),
     ("replicas-h200-7139fcd.json", "scale-out-replicas-7139fcd.png", replicas),
     ("load-h200-7139fcd.json", "load-ttft.png", load_sweep),
@@ -275,12 +277,14 @@ def main() -> None:
         path = args.results / source
         if path.exists():
             draw(read_result(path), args.docs / target)
+            plt.close("all")  # one figure open at a time, however many results there are
             print(f"{path} -> {args.docs / target}")
     for path in sorted(args.results.glob("accuracy*.json*")):  # the family harness's results
         data = read_result(path)
         if str(data.get("schema", "")).startswith("minipic-accuracy"):
             target = args.docs / f"{result_stem(path)}-pareto.png"
             accuracy_pareto(data, target)
+            plt.close("all")
             print(f"{path} -> {target}")
 
 
