@@ -108,6 +108,17 @@ register("lead_text_repeat_refreshed_heads", "the first passage as plain text, t
 register("lead_text_leadin_repeat_refreshed_heads", "the first passage as plain text, the fixed header `Dependent`, "
          "then every passage, the first again, as refreshed heads: the repeat wins the first place back, the header "
          "the second", technique=lambda ctx: HEADER_REPEAT)  # fmt: skip
+# The first passage as text, the others (or all, the first again) as Block-Attention spans or
+# hidden sinks: no head recomputed, so a final prompt computes the first passage and the question
+# only, few enough tokens for Table 1's 1.3x (`table1_layout_tokens.py`).
+register("lead_text_block", "the first passage as plain text, the others as Block-Attention spans",
+         technique=lambda ctx: minipic_client.LeadInContext(BlockAttention(), as_text=True))  # fmt: skip
+register("lead_text_repeat_block", "the first passage as plain text, then every passage, the first again, as "
+         "Block-Attention spans", technique=lambda ctx: minipic_client.LeadInContext(BlockAttention(), as_text=True,
+                                                                                       repeat=True))  # fmt: skip
+register("lead_text_hidden_sink", "the first passage as plain text, the others as spans whose first block is hidden "
+         "from what follows", technique=lambda ctx: minipic_client.LeadInContext(minipic_client.HiddenSink(),
+                                                                                 as_text=True))  # fmt: skip
 register("lead_text_refreshed_heads_first_last", "the first passage as plain text, then the others and the first "
          "again as refreshed heads: the first passage's span right before the question",
          technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads()))  # fmt: skip
