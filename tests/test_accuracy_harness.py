@@ -273,6 +273,16 @@ def test_repeated_lead_layouts_lay_the_first_passage_out_again_as_a_span():
     assert last.documents(["a", "b"]) == [*spans, Dependent("a")] and last.documents([]) == []
 
 
+def test_lead_text_layouts_without_recomputed_heads_leave_the_rest_to_cached_spans():
+    context = LayoutContext(block_size=16, longest_passage_tokens=100)
+    lead = Text("a", shared=False)
+    assert LAYOUTS["lead_text_block"].technique(context).documents(["a", "b"]) == [lead, Span("b")]
+    assert LAYOUTS["lead_text_repeat_block"].technique(context).documents(["a", "b"]) == [lead, Span("a"), Span("b")]
+    hidden = [Span("a", head="hidden"), Span("b", head="hidden")]
+    assert LAYOUTS["lead_text_hidden_sink"].technique(context).documents(["a", "b"]) == [lead, hidden[1]]
+    assert LAYOUTS["lead_text_repeat_hidden_sink"].technique(context).documents(["a", "b"]) == [lead, *hidden]
+
+
 def test_task_first_layouts_put_the_question_before_the_passages_as_text():
     context = LayoutContext(block_size=16, longest_passage_tokens=100)
     assert LAYOUTS["full_task_first"].task_first and LAYOUTS["full_task_first"].technique is None
