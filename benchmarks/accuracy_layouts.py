@@ -121,8 +121,7 @@ register("lead_text_hidden_sink", "the first passage as plain text, the others a
                                                                                  as_text=True))  # fmt: skip
 register("lead_text_repeat_hidden_sink", "the first passage as plain text, then every passage, the first again, as "
          "spans whose first block is hidden from what follows",
-         technique=lambda ctx: minipic_client.LeadInContext(minipic_client.HiddenSink(), as_text=True,
-                                                            repeat=True))  # fmt: skip
+         technique=lambda ctx: TECHNIQUES["lead-text-repeat-hidden-sink"])  # fmt: skip
 register("lead_text_refreshed_heads_first_last", "the first passage as plain text, then the others and the first "
          "again as refreshed heads: the first passage's span right before the question",
          technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads()))  # fmt: skip

@@ -221,6 +221,7 @@ TECHNIQUES: dict[str, Technique] = {
     "prefix-sink": PrefixSink(),
     "epic1": Epic(1),
     "epic2": Epic(2),
+    "lead-text-repeat-hidden-sink": LeadInContext(HiddenSink(), as_text=True, repeat=True),
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
