@@ -1,7 +1,8 @@
 """Table 1's prompts under each layout, counted without a server: what a final prompt holds,
 what it should find cached, what the span and prefix prefills add, and how many distinct
 tokens one run writes to the KV cache; with ``--kv-cache-tokens``, what a run computes when
-the cache holds only that many tokens.
+the cache holds only that many tokens (with ``--lookahead``, also in the order ISPS starts the
+samples).
 
 A served run (`served.py --parts table1`) reports the share of its final prompts' tokens that
 the server found cached; this says what the layouts promise, so a shortfall shows the cache
@@ -31,6 +32,7 @@ from served import table1_requests
 
 from minipic_client import SpanClient
 from minipic_client.prompt import TECHNIQUES
+from minipic_client.scheduler import LookAhead
 from minipic_protocol.info import ServerInfo
 
 from provenance import provenance
@@ -100,6 +102,13 @@ async def count(layout_name: str, args: argparse.Namespace, requests: list) -> d
         "distinct_tokens_written": final - cached + prefilled,
         "computed_per_sample_with_cache": {str(capacity): round(computed_with_cache(layouts, capacity), 1)
                                            for capacity in args.kv_cache_tokens},  # fmt: skip
+        # The same samples in the order ISPS starts them, picking among the next `size` built.
+        "computed_per_sample_with_cache_lookahead": {
+            str(size): {str(capacity): round(computed_with_cache(picked, capacity), 1)
+                        for capacity in args.kv_cache_tokens}
+            for size, picked in ((size, [layout for _, layout in LookAhead(enumerate(layouts), size)])
+                                 for size in args.lookahead)
+        },  # fmt: skip
     }
 
 
@@ -115,6 +124,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-tokens", type=int, nargs="*", default=[], metavar="TOKENS",
                         help="KV cache sizes to replay the run over (the served runs log theirs: 460592 on the "
                              "H100, 917472 on the H200)")  # fmt: skip
+    parser.add_argument("--lookahead", type=int, nargs="*", default=[], metavar="JOBS",
+                        help="also replay each cache size in `scheduler.LookAhead`'s order over that many jobs")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     _, _, by_tokens = table1_requests(json.loads(args.passages.read_bytes()), args.samples, [1])

@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from minipic_client.errors import MiniPICError
 from minipic_client.prompt import Prefill
@@ -348,14 +358,17 @@ async def run(
     ``complete(job, started)`` awaits the job's own prefills, then its final;
     ``prefill(jobs)`` sends the prefills of several (BATCHED's barrier).
     ISPS keeps `window` jobs in progress (default ``2 * max_in_flight``, so a
-    request is ready whenever a slot frees up). BATCHED takes `window` jobs
+    request is ready whenever a slot frees up), each started from the next
+    `window` built (`LookAhead`). BATCHED takes `window` jobs
     at a time (default ``max_in_flight``, one server batch), prefills all of
     their spans and waits for all of them before any final is sent. Errors
     raised while building a job are passed in as items and yielded as they are.
     """
     if window is None:
         window = max_in_flight if strategy.barrier else 2 * max_in_flight
-    numbered = enumerate(jobs)
+    numbered: Iterator[tuple[int, J | MiniPICError]] = enumerate(jobs)
+    if not strategy.barrier:
+        numbered = LookAhead(numbered, window)
     running: dict[asyncio.Task[R], int] = {}
     try:
         while group := list(islice(numbered, window if strategy.barrier else 1)):
@@ -381,6 +394,66 @@ async def run(
     finally:
         for task in running:
             task.cancel()
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting(Generic[J]):
+    """A built job not started yet: how many of its prefills started jobs share."""
+
+    index: int
+    job: J | MiniPICError
+    built_at: int  # `LookAhead`'s picks when it was built
+    shared: float = 0
+
+
+class LookAhead(Iterator[tuple[int, "J | MiniPICError"]]):
+    """ISPS's order: each next job picked among the next `size` built ones, the one sharing
+    most prefills with the jobs already started (their spans are the likeliest still cached
+    where a server's KV cache holds fewer than a run's spans), errors first, ties in build
+    order; a job passed over `size` times goes next. It builds two jobs a pick, up to `size`,
+    so the first request does not wait for a whole look-ahead to be tokenized."""
+
+    def __init__(self, numbered: Iterator[tuple[int, J | MiniPICError]], size: int) -> None:
+        self._numbered = numbered
+        self._size = size
+        self._waiting: list[_Waiting[J]] = []  # in build order
+        self._started: set[bytes] = set()
+        self._by_key: dict[bytes, list[_Waiting[J]]] = {}  # waiting jobs by a prefill no started job has
+        self._picks = 0
+
+    def __next__(self) -> tuple[int, J | MiniPICError]:
+        for index, job in islice(self._numbered, min(2, self._size - len(self._waiting))):
+            self._build(_Waiting(index, job, self._picks))
+        if not self._waiting:
+            raise StopIteration
+        oldest = self._waiting[0]
+        pick = oldest if self._picks - oldest.built_at >= self._size else max(self._waiting, key=_shared)
+        self._waiting.remove(pick)
+        self._picks += 1
+        if not isinstance(pick.job, MiniPICError):
+            self._start(pick.job)
+        return pick.index, pick.job
+
+    def _build(self, waiting: _Waiting[J]) -> None:
+        self._waiting.append(waiting)
+        if isinstance(waiting.job, MiniPICError):
+            waiting.shared = math.inf
+            return
+        for key in {p.key for p in waiting.job.prefills}:
+            if key in self._started:
+                waiting.shared += 1
+            else:
+                self._by_key.setdefault(key, []).append(waiting)
+
+    def _start(self, job: J) -> None:
+        for key in {p.key for p in job.prefills} - self._started:
+            self._started.add(key)
+            for waiting in self._by_key.pop(key, ()):
+                waiting.shared += 1
+
+
+def _shared(waiting: _Waiting[Any]) -> float:
+    return waiting.shared
 
 
 async def _drain(
