@@ -2314,3 +2314,17 @@ def test_lead_text_without_recomputed_heads_matches_its_results() -> None:
             f"{hs['460592']:,.0f} over an H100's 460,592, against the default's {dflt['917472']:,.0f} and "
             f"{dflt['460592']:,.0f}: at equal token rates {stock_tokens / hs['917472']:.2f}x stock") in doc  # fmt: skip
     assert f"for {1 - hs['917472'] / dflt['917472']:.0%} fewer computed tokens a Table 1 sample" in doc
+
+
+def test_the_look_ahead_replay_matches_its_result() -> None:
+    """docs/client.md's replay of Table 1 in ISPS's look-ahead order: computed tokens a sample
+    over an H100's and the H200's KV cache, in that order and in the given one."""
+    doc = " ".join((ROOT / "docs/client.md").read_text().split())
+    replay = _result("table1-layout-tokens-lookahead.json")
+    assert not replay["provenance"]["dirty"]
+    by_size = replay["layouts"]["lead-text-repeat-refreshed-heads"]["computed_per_sample_with_cache_lookahead"]
+    ahead, given = by_size["512"], by_size["1"]
+    assert ahead["460592"] < given["460592"]
+    assert (f"computes {ahead['460592']:,.0f} tokens a sample in that order against {given['460592']:,.0f} in "
+            f"the given one; over the H200's 917,472, {ahead['917472']:,.0f} against {given['917472']:,.0f}"
+            ) in doc  # fmt: skip
