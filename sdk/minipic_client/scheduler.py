@@ -30,6 +30,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
+from operator import attrgetter
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from minipic_client.errors import MiniPICError
@@ -427,7 +428,7 @@ class LookAhead(Iterator[tuple[int, "J | MiniPICError"]]):
         if not self._waiting:
             raise StopIteration
         oldest = self._waiting[0]
-        pick = oldest if self._picks - oldest.built_at >= self._size else max(self._waiting, key=_shared)
+        pick = oldest if self._picks - oldest.built_at >= self._size else max(self._waiting, key=attrgetter("shared"))
         self._waiting.remove(pick)
         self._picks += 1
         if not isinstance(pick.job, MiniPICError):
@@ -450,10 +451,6 @@ class LookAhead(Iterator[tuple[int, "J | MiniPICError"]]):
             self._started.add(key)
             for waiting in self._by_key.pop(key, ()):
                 waiting.shared += 1
-
-
-def _shared(waiting: _Waiting[Any]) -> float:
-    return waiting.shared
 
 
 async def _drain(
