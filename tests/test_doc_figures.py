@@ -2328,3 +2328,34 @@ def test_the_look_ahead_replay_matches_its_result() -> None:
     assert (f"computes {ahead['460592']:,.0f} tokens a sample in that order against {given['460592']:,.0f} in "
             f"the given one; over the H200's 917,472, {ahead['917472']:,.0f} against {given['917472']:,.0f}"
             ) in doc  # fmt: skip
+
+
+def test_the_look_ahead_on_a_cpu_server_matches_its_results() -> None:
+    """docs/benchmarks.md's section on ISPS's look-ahead (CPU): computed tokens a sample and
+    the final prompts' cached share in both orders, samples/s, and the replay's prediction."""
+    text = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    runs = {order: [_result(f"served-cpu-table1-{order}-{i}.json") for i in (1, 2)]
+            for order in ("lookahead-d077ef0", "in-order-3a0e406")}  # fmt: skip
+    assert {r["provenance"]["commit"][:7] for r in runs["lookahead-d077ef0"]} == {"d077ef0"}
+    assert {r["provenance"]["commit"][:7] for r in runs["in-order-3a0e406"]} == {"3a0e406"}
+    rows = {order: [r["table1"][0] for r in results] for order, results in runs.items()}
+    ahead, given = rows["lookahead-d077ef0"], rows["in-order-3a0e406"]
+
+    def median(rows: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    def tokens(rows: list[dict]) -> float:
+        return statistics.median(r["computed_prompt_tokens_per_s"] / r["samples_per_s"] for r in rows)
+
+    assert (f"**Computed prompt tokens a sample: {tokens(ahead):,.0f} with the look-ahead against "
+            f"{tokens(given):,.0f} in order ({1 - tokens(ahead) / tokens(given):.1%} fewer), final prompts "
+            f"{median(ahead, 'final_cached_fraction'):.1%} from the cache against "
+            f"{median(given, 'final_cached_fraction'):.1%}**") in text  # fmt: skip
+    rates = median(ahead, "samples_per_s"), median(given, "samples_per_s")
+    assert f"Samples/s on this CPU: {rates[0]:.2f} against {rates[1]:.2f}" in text
+    replay = _result("table1-layout-tokens-lookahead.json")["layouts"]["lead-text-repeat-refreshed-heads"]
+    h100 = {size: by_cache["460592"] for size, by_cache in replay["computed_per_sample_with_cache_lookahead"].items()}
+    assert f"over an H100's cache predicts {1 - h100['512'] / h100['1']:.1%} fewer" in text
+    h100_share = _table1_medians("served-h100-table1-58114de-compact.json", COMPACT_ISPS)[1]["final_cached_fraction"]
+    h200_share = _table1_medians("served-h200-table1-ddfd684-compact.json", COMPACT_ISPS)[1]["final_cached_fraction"]
+    assert f"finds {h100_share:.1%} of its final prompts cached against {h200_share:.1%} on the H200" in text
