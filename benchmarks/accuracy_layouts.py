@@ -110,7 +110,7 @@ register("lead_text_leadin_repeat_refreshed_heads", "the first passage as plain 
          "the second", technique=lambda ctx: HEADER_REPEAT)  # fmt: skip
 # The first passage as text, the others (or all, the first again) as Block-Attention spans or
 # hidden sinks: no head recomputed, so a final prompt computes the first passage and the question
-# only, few enough tokens for Table 1's 1.3x (`table1_layout_tokens.py`).
+# only (docs/accuracy.md, "The first passage as text, the others without recomputed heads").
 register("lead_text_block", "the first passage as plain text, the others as Block-Attention spans",
          technique=lambda ctx: minipic_client.LeadInContext(BlockAttention(), as_text=True))  # fmt: skip
 register("lead_text_repeat_block", "the first passage as plain text, then every passage, the first again, as "

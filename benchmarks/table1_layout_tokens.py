@@ -84,6 +84,11 @@ def computed_with_cache(layouts: Sequence, capacity: int) -> float:
     return computed / len(layouts)
 
 
+def in_isps_order(layouts: Sequence, lookahead: int) -> list:
+    """The samples in the order ISPS starts them, each picked among the next `lookahead` built."""
+    return [layout for _, layout in LookAhead(enumerate(layouts), lookahead)]
+
+
 async def count(layout_name: str, args: argparse.Namespace, requests: list) -> dict:
     markers = dict(zip(MARKER_KEYS, args.markers))
     transport = info_transport(args.tokenizer, args.block_size, markers)
@@ -102,12 +107,10 @@ async def count(layout_name: str, args: argparse.Namespace, requests: list) -> d
         "distinct_tokens_written": final - cached + prefilled,
         "computed_per_sample_with_cache": {str(capacity): round(computed_with_cache(layouts, capacity), 1)
                                            for capacity in args.kv_cache_tokens},  # fmt: skip
-        # The same samples in the order ISPS starts them, picking among the next `size` built.
         "computed_per_sample_with_cache_lookahead": {
-            str(size): {str(capacity): round(computed_with_cache(picked, capacity), 1)
+            str(size): {str(capacity): round(computed_with_cache(in_isps_order(layouts, size), capacity), 1)
                         for capacity in args.kv_cache_tokens}
-            for size, picked in ((size, [layout for _, layout in LookAhead(enumerate(layouts), size)])
-                                 for size in args.lookahead)
+            for size in args.lookahead
         },  # fmt: skip
     }
 
