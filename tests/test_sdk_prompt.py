@@ -273,6 +273,19 @@ def test_a_refreshed_document_that_fits_the_head_is_all_dependent(builder, ids):
     assert positions(layout.token_ids, ids["pdep"]) == [B, 2 * B]
 
 
+def test_refreshing_the_first_heads_only_hides_the_others_over_the_same_spans(builder):
+    docs = [LONG, LONG + "2", LONG + "3"]
+    assert RefreshedHeads(first=1).documents(docs) == [RefreshedHeads().span(LONG), *HiddenSink().documents(docs[1:])]
+    some = builder.build([Text("sys"), *RefreshedHeads(first=1).documents(docs), Dependent("q")])
+    every = builder.build([Text("sys"), *RefreshedHeads().documents(docs), Dependent("q")])
+    none = builder.build([Text("sys"), *HiddenSink().documents(docs), Dependent("q")])
+    assert {p.key for p in some.prefills} == {p.key for p in every.prefills} == {p.key for p in none.prefills}
+    assert len(none.token_ids) < len(some.token_ids) < len(every.token_ids)  # one head in context, not three
+    assert len(some.token_ids) - len(none.token_ids) == B
+    with pytest.raises(PromptError, match="first must be at least 1"):
+        RefreshedHeads(first=0)
+
+
 def test_hidden_heads_need_a_server_that_publishes_hsep(client_tokenizer, ids):
     older = make_builder(client_tokenizer, {k: v for k, v in ids.items() if k != "hsep"})
     older.build([Span(LONG), Dependent("q")])

@@ -151,15 +151,24 @@ class RefreshedHeads(_SpanEach):
     """Faithful EPIC from cached blocks: each document's first block recomputed in context,
     its cached context-free copy hidden from everything outside the document.
     ``join_prefix``: the first document's head continues the prompt's prefix (``head="joined"``),
-    so no pad or marker stands between the start of the user turn and the first document."""
+    so no pad or marker stands between the start of the user turn and the first document.
+    ``first``: only the first `first` documents' heads are refreshed, the others' only hidden
+    (`HiddenSink`, the same cached spans): fewer tokens computed per prompt, the highest-ranked
+    documents still read in context."""
 
     join_prefix: bool = False
+    first: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.first is not None and self.first < 1:
+            raise PromptError(f"RefreshedHeads(first={self.first}): first must be at least 1 (None: every document)")
 
     def span(self, text: str) -> Span:
         return Span(text, head="refreshed")
 
     def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
-        spans = [self.span(doc) for doc in docs]
+        refreshed = len(docs) if self.first is None else self.first
+        spans = [self.span(doc) if i < refreshed else Span(doc, head="hidden") for i, doc in enumerate(docs)]
         if self.join_prefix and spans:
             spans[0] = Span(docs[0], head="joined")
         return spans
@@ -226,6 +235,8 @@ TECHNIQUES: dict[str, Technique] = {
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
     "lead-text-repeat-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True, repeat=True),
+    "lead-text-repeat-refreshed2-heads": LeadInContext(RefreshedHeads(first=2), as_text=True, repeat=True),
+    "lead-text-repeat-refreshed3-heads": LeadInContext(RefreshedHeads(first=3), as_text=True, repeat=True),
     "lead-text-header-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True, header="Passages:\n"),
     "lead2-text-refreshed-heads": LeadInContext(RefreshedHeads(), lead=2, as_text=True),
 }
