@@ -130,6 +130,12 @@ register("lead_text_repeat_refreshed2_heads", "the first passage as plain text, 
 register("lead_text_repeat_refreshed3_heads", "the first passage as plain text, then every passage, the first again, "
          "the first three with refreshed heads, the others as hidden sinks",
          technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed3-heads"])  # fmt: skip
+register("lead_text_repeat_refreshed4_heads", "the first passage as plain text, then every passage, the first again, "
+         "the first four with refreshed heads, the others as hidden sinks",
+         technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed4-heads"])  # fmt: skip
+register("lead_text_repeat_refreshed5_heads", "the first passage as plain text, then every passage, the first again, "
+         "the first five with refreshed heads, the others as hidden sinks",
+         technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed5-heads"])  # fmt: skip
 register("lead_text_refreshed_heads_first_last", "the first passage as plain text, then the others and the first "
          "again as refreshed heads: the first passage's span right before the question",
          technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads()))  # fmt: skip

@@ -237,6 +237,8 @@ TECHNIQUES: dict[str, Technique] = {
     "lead-text-repeat-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True, repeat=True),
     "lead-text-repeat-refreshed2-heads": LeadInContext(RefreshedHeads(first=2), as_text=True, repeat=True),
     "lead-text-repeat-refreshed3-heads": LeadInContext(RefreshedHeads(first=3), as_text=True, repeat=True),
+    "lead-text-repeat-refreshed4-heads": LeadInContext(RefreshedHeads(first=4), as_text=True, repeat=True),
+    "lead-text-repeat-refreshed5-heads": LeadInContext(RefreshedHeads(first=5), as_text=True, repeat=True),
     "lead-text-header-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True, header="Passages:\n"),
     "lead2-text-refreshed-heads": LeadInContext(RefreshedHeads(), lead=2, as_text=True),
 }
