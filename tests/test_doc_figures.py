@@ -2359,3 +2359,54 @@ def test_the_look_ahead_on_a_cpu_server_matches_its_results() -> None:
     h100_share = _table1_medians("served-h100-table1-58114de-compact.json", COMPACT_ISPS)[1]["final_cached_fraction"]
     h200_share = _table1_medians("served-h200-table1-ddfd684-compact.json", COMPACT_ISPS)[1]["final_cached_fraction"]
     assert f"finds {h100_share:.1%} of its final prompts cached against {h200_share:.1%} on the H200" in text
+
+
+def test_the_look_ahead_and_the_first_heads_on_an_h100_match_their_results() -> None:
+    """docs/benchmarks.md's section on Table 1 with ISPS's look-ahead and with the first heads
+    refreshed (H100, 932665b and a9f9d27): the look-ahead's gain over the order before in the same
+    lease, tokens a sample, the ratios to stock, the token rates and the H200 replay's cap."""
+    text = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    run, before_run, four_run = ("served-h100-table1-932665b-lookahead-refreshed3.json",
+                                 "served-h100-table1-3a0e406-in-order-same-lease.json",
+                                 "served-h100-table1-a9f9d27-refreshed4.json")  # fmt: skip
+    runs = [_result(name)["provenance"] for name in (run, before_run, four_run)]
+    assert [r["commit"] for r in runs] == ["932665b", "3a0e406", "a9f9d27"] and not any(r["dirty"] for r in runs)
+    assert {r["device"] for r in runs} == {"NVIDIA H100 80GB HBM3"}
+    stock = _table1_medians(run, STOCK_FA3)[1]
+    default = _table1_medians(run, f"{COMPACT_ISPS}, lead-text-repeat-refreshed-heads")[1]
+    three = _table1_medians(run, f"{COMPACT_ISPS}, lead-text-repeat-refreshed3-heads")[1]
+    before = _table1_medians(before_run, COMPACT_ISPS)[1]
+    four, four_stock = (_table1_medians(four_run, row)[1] for row in (COMPACT_ISPS, STOCK_FA3))
+
+    def tokens(row: dict) -> float:
+        return row["computed_prompt_tokens_per_s"] / row["samples_per_s"]
+
+    gain = default["samples_per_s"] / before["samples_per_s"] - 1
+    ranges = [sorted(r["samples_per_s"] for r in _result(name)["table1"] if r["row"] == row)
+              for name, row in ((run, f"{COMPACT_ISPS}, lead-text-repeat-refreshed-heads"), (before_run, COMPACT_ISPS))]
+    assert ranges[0][0] > ranges[1][-1], "the runs' ranges overlap: the gain is not shown"
+    assert f"Table 1 on an H100 with ISPS's look-ahead, {gain:.1%} above the order before" in text
+    assert (f"**The look-ahead: {gain:.1%} more samples/s with the default** ({default['samples_per_s']:.1f} "
+            f"against {before['samples_per_s']:.1f}, the runs of each apart: {ranges[0][0]:.1f}-{ranges[0][-1]:.1f} "
+            f"against {ranges[1][0]:.1f}-{ranges[1][-1]:.1f}), because **{tokens(default):,.0f} prompt tokens a "
+            f"sample are computed against {tokens(before):,.0f} ({1 - tokens(default) / tokens(before):.1%} fewer), "
+            f"{default['final_cached_fraction']:.1%} of the final prompts' tokens found cached against "
+            f"{before['final_cached_fraction']:.1%}**") in text  # fmt: skip
+    replay = _result("table1-layout-tokens-refreshed-first.json")["layouts"]
+    predicted = replay["lead-text-repeat-refreshed-heads"]
+    assert (f"as the replay predicted ({predicted['computed_per_sample_with_cache_lookahead']['512']['460592']:,.0f} "
+            f"against {predicted['computed_per_sample_with_cache']['460592']:,.0f} over an H100's cache") in text
+    assert f"The default runs at **{default['samples_per_s'] / stock['samples_per_s']:.2f}x stock on an H100**" in text
+    ratios = [four["samples_per_s"] / four_stock["samples_per_s"], three["samples_per_s"] / stock["samples_per_s"]]
+    rates = [four["computed_prompt_tokens_per_s"] / four_stock["computed_prompt_tokens_per_s"],
+             three["computed_prompt_tokens_per_s"] / stock["computed_prompt_tokens_per_s"]]  # fmt: skip
+    assert round(tokens(stock)) == round(tokens(four_stock))  # the same prompts: the same tokens computed
+    assert f"refreshing only the first four heads, {ratios[0]:.2f}x stock" in text
+    assert (f"**Four refreshed heads: {ratios[0]:.2f}x stock, three: {ratios[1]:.2f}x, on an H100**: "
+            f"{tokens(four):,.0f} and {tokens(three):,.0f} prompt tokens a sample computed against stock's "
+            f"{tokens(stock):,.0f}, at {rates[0]:.2f}x and {rates[1]:.2f}x stock's token rate") in text  # fmt: skip
+    cap = replay["lead-text-repeat-refreshed4-heads"]
+    assert (f"four refreshed heads compute {cap['computed_per_sample_with_cache']['917472']:,.0f} tokens a sample "
+            f"(`table1-layout-tokens-refreshed-first.json`), so at stock's token rate they would run at "
+            f"{tokens(stock) / cap['computed_per_sample_with_cache']['917472']:.2f}x at most; "
+            f"{cap['prefill_tokens_per_sample']:,.0f} of those tokens a sample are span prefills") in text
