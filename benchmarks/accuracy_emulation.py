@@ -72,7 +72,7 @@ CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bia
            "span-temp=", "compact", "span-sees-prefix", "blend=", "blend-random=")
 TEMPERED = "minipic_tempered"
 LAYOUTS = ("full", "block", "refreshed", "default", "pdep")
-DEFAULT_TECHNIQUE = TECHNIQUES["lead-text-repeat-refreshed-heads"]  # `SpanClient.default_technique`
+DEFAULT_TECHNIQUE = TECHNIQUES["lead-text-repeat-refreshed-heads"]  # `SpanClient`'s default until 2026-12-07
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:

@@ -449,7 +449,7 @@ async def test_calls_naming_no_layout_lead_with_text_then_refreshed_heads_or_blo
     fake_server, fake_client, caplog
 ) -> None:
     async with fake_client(technique=None) as client:
-        assert client.default_technique == LeadInContext(RefreshedHeads(), as_text=True, repeat=True)
+        assert client.default_technique == LeadInContext(RefreshedHeads(first=4), as_text=True, repeat=True)
         layout = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM))
         assert fake_server.hsep in layout.token_ids
         refreshed = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM, technique=RefreshedHeads()))
@@ -462,7 +462,8 @@ async def test_calls_naming_no_layout_lead_with_text_then_refreshed_heads_or_blo
         # Modules are spans before the documents: no document can continue the prefix there.
         client.add_module("policy", DOCS[2])
         with_modules = RagRequest("q", [DOCS[0] * 3], SYSTEM, modules=["policy"])
-        assert client.rag_layout(with_modules) == client.rag_layout(replace(with_modules, technique=RefreshedHeads()))
+        by_rest = replace(with_modules, technique=RefreshedHeads(first=4))
+        assert client.rag_layout(with_modules) == client.rag_layout(by_rest)
     # The plain prompt holds each document once, whatever the default adds to its PIC layout.
     async with fake_client(technique=None) as client:
         request = RagRequest("q", DOCS[:3], SYSTEM)

@@ -95,6 +95,7 @@ HIDDEN_HEAD_TECHNIQUES = [
     LeadInContext(as_text=True, repeat=True),
     LeadInContext(as_text=True, header="Passages:\n", repeat=True),
     LeadInContext(HiddenSink(), as_text=True, repeat=True),
+    LeadInContext(RefreshedHeads(first=2), as_text=True, repeat=True),  # the default's mix: refreshed, then hidden
 ]
 
 
