@@ -60,6 +60,9 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h100-ranked-default-reading-27c8b39.json.gz": 12,  # default reading: 3 x 4 layouts
     "accuracy-families-smollm2-cpu-ranked-bridge-plain.json.gz": 2,  # the same without --compact
     "accuracy-families-smollm2-cpu-ranked-lead-text-cheap.json.gz": 15,  # 3 families x 5 layouts
+    "accuracy-families-smollm2-h100-ranked-refreshed-first.json.gz": 15,  # 3 families x 5 layouts
+    "accuracy-families-smollm2-h100-ranked-refreshed-first-4-5.json.gz": 9,  # 3 families x 3 layouts
+    "accuracy-families-smollm2-cpu-ranked-10-docs.json.gz": 9,  # ten passages a prompt: 3 families x 3 layouts
 }
 
 
@@ -1794,50 +1797,65 @@ def test_the_header_before_the_repeat_on_the_h100_matches_its_results() -> None:
 DEFAULT_READING = "accuracy-families-smollm2-h100-ranked-default-reading-27c8b39.json.gz"
 
 
+FIRST_HEADS = "accuracy-families-smollm2-h100-ranked-refreshed-first.json.gz"  # 932665b: 0, 2, 3 or every head
+FOUR_FIVE_HEADS = "accuracy-families-smollm2-h100-ranked-refreshed-first-4-5.json.gz"  # a9f9d27: 4 or 5 heads
+
+
 def test_the_knob_at_a_glance_matches_its_results() -> None:
-    """docs/accuracy.md's summary table: each layout's ranked single-fact accuracy in the default
-    (compact) reading and in the plain one, its steady cache share in Table 1 and its Table 1
-    ratio, from the results the table names."""
+    """docs/accuracy.md's summary table: each layout against full attention in its own run on
+    every family, its computed share of single facts, its steady cache share in Table 1 and its
+    Table 1 ratio, from the results the table names."""
     doc = (ROOT / "docs/accuracy.md").read_text()
-    single = _result(DEFAULT_READING)["families"]["single"]["summary"]
-    plain = _result("accuracy-families-smollm2-h100-ranked.json.gz")["families"]["single"]["summary"]
-    shares = _result("table1-layout-tokens.json")["layouts"]
-    assert (f"single facts right (full attention: {single['full']['accuracy']:.1%}) | vs full attention | "
-            f"plain reading (full attention: {plain['full']['accuracy']:.1%})") in doc  # fmt: skip
-    compact_run = "served-h200-table1-ddfd684-compact.json"
-    compact, compact_stock = (_table1_medians(compact_run, row)[1] for row in (COMPACT_ISPS, STOCK_FA3))
-    h200_plain = _table1_medians("served-h200-table1-ddfd684-plain-reading.json", ISPS)[1]
-    h100, h100_stock = (_table1_medians(DEFAULT_H100, row)[1] for row in (ISPS, STOCK_FA3))
-    h100_compact, h100_compact_stock = (
-        _table1_medians("served-h100-table1-58114de-compact.json", row)[1]["samples_per_s"]
-        for row in (COMPACT_ISPS, STOCK_FA3)
-    )
-    stock = _table1_medians(LATEST, STOCK_FA3)[1]
-    ratios = {
+    tokens = {**_result("table1-layout-tokens.json")["layouts"],
+              **_result("table1-layout-tokens-refreshed-first.json")["layouts"]}  # fmt: skip
+    four_run = "served-h100-table1-a9f9d27-refreshed4.json"
+    first_run = "served-h100-table1-932665b-lookahead-refreshed3.json"
+
+    def ratio(run: str, row: str) -> str:
+        ours, stock = (_table1_medians(run, r)[1]["samples_per_s"] for r in (row, STOCK_FA3))
+        return f"{ours / stock:.2f}x"
+
+    h200 = _table1_medians("served-h200-table1-ddfd684-compact.json", COMPACT_ISPS)[1]["samples_per_s"]
+    h200_stock = _table1_medians("served-h200-table1-ddfd684-compact.json", STOCK_FA3)[1]["samples_per_s"]
+    rows = {  # layout: (its run, Table 1 cell)
+        "lead-text-repeat-refreshed4-heads": (FOUR_FIVE_HEADS, f"{ratio(four_run, COMPACT_ISPS)} (H100, a9f9d27)"),
+        "lead-text-repeat-refreshed3-heads": (
+            FIRST_HEADS, f"{ratio(first_run, f'{COMPACT_ISPS}, lead-text-repeat-refreshed3-heads')} (H100, 932665b)"),
         "lead-text-repeat-refreshed-heads": (
-            f"{compact['samples_per_s'] / compact_stock['samples_per_s']:.2f}x (H200, ddfd684), "
-            f"{h100_compact / h100_compact_stock:.2f}x (H100, 58114de); plain reading "
-            f"{h200_plain['samples_per_s'] / compact_stock['samples_per_s']:.2f}x (H200), "
-            f"{h100['samples_per_s'] / h100_stock['samples_per_s']:.2f}x (H100)"
-        ),
-        **{layout: f"{_table1_medians(LATEST, f'{ISPS}, {layout}')[1]['samples_per_s'] / stock['samples_per_s']:.2f}x "
-           "(H200, plain reading)" for layout in ("refreshed-heads", "block")},
+            FIRST_HEADS, f"{ratio(first_run, f'{COMPACT_ISPS}, lead-text-repeat-refreshed-heads')} (H100, 932665b), "
+            f"{h200 / h200_stock:.2f}x (H200, ddfd684)"),
+        "lead-text-repeat-hidden-sink": (FIRST_HEADS, "not measured"),
+        **{layout: (DEFAULT_READING, f"{ratio(LATEST, f'{ISPS}, {layout}')} (H200, plain reading)")
+           for layout in ("refreshed-heads", "block")},
     }  # fmt: skip
-    gains = []
-    for layout, ratio in ratios.items():
-        summary, before = single[layout.replace("-", "_")], plain[layout.replace("-", "_")]
+    fulls: dict[str, list[float]] = {}
+    for layout, (run, table1) in rows.items():
+        summaries = [_result(run)["families"][f]["summary"] for f in ("single", "bridge", "synthetic")]
+        for family, summary in zip(("single", "bridge", "synthetic"), summaries):
+            fulls.setdefault(family, []).append(summary["full"]["accuracy"])
+        name = layout.replace("-", "_")
         row = next(line for line in doc.splitlines() if line.startswith(f"| `--layout {layout}`"))
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        assert cells[1:6] == [
-            f"{summary['accuracy']:.1%}", f"{summary['vs_full']['difference'] * 100:+.1f}",
-            f"{before['accuracy']:.1%} ({before['vs_full']['difference'] * 100:+.1f})",
-            f"{shares[layout]['final_cached_fraction']:.1%}", ratio,
+        assert cells[1:] == [
+            ", ".join(f"{s[name]['vs_full']['difference'] * 100:+.1f}" for s in summaries),
+            f"{summaries[0][name]['tokens']['computed_vs_full']:.2f}",
+            f"{tokens[layout]['final_cached_fraction']:.1%}", table1,
         ], row  # fmt: skip
-        gains.append(f"{(summary['accuracy'] - before['accuracy']) * 100:+.1f}")
+    spans = {f: f"{min(v) * 100:.1f}-{max(v) * 100:.1f}%" for f, v in fulls.items()}
     text = " ".join(doc.split())
-    assert f"the default answers {single['lead_text_repeat_refreshed_heads']['accuracy']:.1%} of the same" in text
-    assert (f"gains little from the compact reading ({gains[1]} points with refreshed heads, {gains[2]} "
-            "with `block`") in text
+    assert (f"(H100; single facts {spans['single']}, bridge {spans['bridge']}, synthetic {spans['synthetic']} "
+            "with full attention)") in text  # fmt: skip
+    bridge = _result(FOUR_FIVE_HEADS)["families"]["bridge"]["summary"]["lead_text_repeat_refreshed4_heads"]["vs_full"]
+    low, high = (f"{v * 100:+.1f}" for v in bridge["difference_ci95"])
+    four = _result(FOUR_FIVE_HEADS)["families"]
+    worst = min(four[f]["summary"]["lead_text_repeat_refreshed4_heads"]["vs_full"]["difference"] for f in four)
+    assert worst == bridge["difference"]
+    assert (f"({-worst * 100:.1f} points at most, on bridge questions, where its interval reaches from {low} to "
+            f"{high})") in text
+    synthetic = _result(FIRST_HEADS)["families"]["synthetic"]["summary"]
+    assert (f"(three heads {synthetic['lead_text_repeat_refreshed3_heads']['vs_full']['difference'] * 100:+.1f}, two "
+            f"{synthetic['lead_text_repeat_refreshed2_heads']['vs_full']['difference'] * 100:+.1f}, none "
+            f"{synthetic['lead_text_repeat_hidden_sink']['vs_full']['difference'] * 100:+.1f})") in text
 
 
 def test_the_default_readings_acceptance_figures_match_their_results() -> None:
@@ -2386,7 +2404,7 @@ def test_the_look_ahead_and_the_first_heads_on_an_h100_match_their_results() -> 
               for name, row in ((run, f"{COMPACT_ISPS}, lead-text-repeat-refreshed-heads"), (before_run, COMPACT_ISPS))]
     assert ranges[0][0] > ranges[1][-1], "the runs' ranges overlap: the gain is not shown"
     assert f"Table 1 on an H100 with ISPS's look-ahead, {gain:.1%} above the order before" in text
-    assert (f"**The look-ahead: {gain:.1%} more samples/s with the default** ({default['samples_per_s']:.1f} "
+    assert (f"**The look-ahead: {gain:.1%} more samples/s with every head refreshed** ({default['samples_per_s']:.1f} "
             f"against {before['samples_per_s']:.1f}, the runs of each apart: {ranges[0][0]:.1f}-{ranges[0][-1]:.1f} "
             f"against {ranges[1][0]:.1f}-{ranges[1][-1]:.1f}), because **{tokens(default):,.0f} prompt tokens a "
             f"sample are computed against {tokens(before):,.0f} ({1 - tokens(default) / tokens(before):.1%} fewer), "
@@ -2396,7 +2414,7 @@ def test_the_look_ahead_and_the_first_heads_on_an_h100_match_their_results() -> 
     predicted = replay["lead-text-repeat-refreshed-heads"]
     assert (f"as the replay predicted ({predicted['computed_per_sample_with_cache_lookahead']['512']['460592']:,.0f} "
             f"against {predicted['computed_per_sample_with_cache']['460592']:,.0f} over an H100's cache") in text
-    assert f"The default runs at **{default['samples_per_s'] / stock['samples_per_s']:.2f}x stock on an H100**" in text
+    assert f"That layout runs at **{default['samples_per_s'] / stock['samples_per_s']:.2f}x stock on an H100**" in text
     ratios = [four["samples_per_s"] / four_stock["samples_per_s"], three["samples_per_s"] / stock["samples_per_s"]]
     rates = [four["computed_prompt_tokens_per_s"] / four_stock["computed_prompt_tokens_per_s"],
              three["computed_prompt_tokens_per_s"] / stock["computed_prompt_tokens_per_s"]]  # fmt: skip
@@ -2406,7 +2424,123 @@ def test_the_look_ahead_and_the_first_heads_on_an_h100_match_their_results() -> 
             f"{tokens(four):,.0f} and {tokens(three):,.0f} prompt tokens a sample computed against stock's "
             f"{tokens(stock):,.0f}, at {rates[0]:.2f}x and {rates[1]:.2f}x stock's token rate") in text  # fmt: skip
     cap = replay["lead-text-repeat-refreshed4-heads"]
-    assert (f"four refreshed heads compute {cap['computed_per_sample_with_cache']['917472']:,.0f} tokens a sample "
+    assert (f"docs/accuracy.md) compute {cap['computed_per_sample_with_cache']['917472']:,.0f} tokens a sample "
             f"(`table1-layout-tokens-refreshed-first.json`), so at stock's token rate they would run at "
             f"{tokens(stock) / cap['computed_per_sample_with_cache']['917472']:.2f}x at most; "
             f"{cap['prefill_tokens_per_sample']:,.0f} of those tokens a sample are span prefills") in text
+
+
+def test_refreshing_only_the_first_heads_matches_its_results() -> None:
+    """docs/accuracy.md's section on `RefreshedHeads(first=k)` (H100, 932665b and a9f9d27): the
+    differences from full attention, computed shares, the pairing of four heads against every head
+    across the two calls, the acceptance figures and five heads' extra cost."""
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    runs = {name: _result(name) for name in (FIRST_HEADS, FOUR_FIVE_HEADS)}
+    assert [r["meta"]["commit"][:7] for r in runs.values()] == ["932665b", "a9f9d27"]
+    assert not any(r["meta"]["dirty"] for r in runs.values())
+    families = ("single", "bridge", "synthetic")
+    every, four = "lead_text_repeat_refreshed_heads", "lead_text_repeat_refreshed4_heads"
+    summary = {f: {**runs[FIRST_HEADS]["families"][f]["summary"], **runs[FOUR_FIVE_HEADS]["families"][f]["summary"]}
+               for f in families}  # fmt: skip
+
+    def diffs(layout: str) -> list[str]:
+        return [f"{summary[f][layout]['vs_full']['difference'] * 100:+.1f}" for f in families]
+
+    def computed(layout: str) -> str:
+        return "/".join(f"{summary[f][layout]['tokens']['computed_vs_full']:.2f}" for f in families)
+
+    d4, de = diffs(four), diffs(every)
+    assert (f"{d4[0]} on single facts, {d4[1]} on bridge questions, {d4[2]} on synthetic ones, computing "
+            f"{computed(four)} of full attention's prompt tokens; every head refreshed: {de[0]}, {de[1]}, {de[2]} at "
+            f"{computed(every)}") in doc  # fmt: skip
+    assert all(summary[f][four]["vs_full"]["difference"] >= -0.03 for f in families)
+    pairs, full_changed = [], []
+    for family in families:
+        first, second = ({q["id"]: q["answers"] for q in r["families"][family]["questions"]} for r in runs.values())
+        assert first.keys() == second.keys()
+        full_changed.append(sum(first[i]["full"]["correct"] != second[i]["full"]["correct"] for i in first))
+        pairs.append(_pairing(({**first[i], **second[i]} for i in first), four, every))
+    assert f"but for {full_changed[0]}, {full_changed[1]} and {full_changed[2]} questions): " in doc
+    (sg, sl, sp), (bg, bl, bp), (yg, yl, yp) = pairs
+    assert (f"{sg} single facts right only with four heads, {sl} only with every head (exact McNemar {sp}); bridge "
+            f"{bg} against {bl} ({bp}); synthetic {yg} against {yl} ({yp})") in doc  # fmt: skip
+    block = _result(DEFAULT_READING)["families"]
+    block_bridge, block_synthetic = (block[f]["summary"]["block"]["vs_full"]["difference"]
+                                     for f in ("bridge", "synthetic"))  # fmt: skip
+    four_bridge = summary["bridge"][four]["vs_full"]
+    assert (f"it loses {-four_bridge['difference'] * 100:.1f} where Block-Attention loses {-block_bridge * 100:.1f} "
+            f"(27c8b39, the next section): {(block_bridge - four_bridge['difference']) / block_bridge:.0%} of that "
+            f"loss won back; on synthetic ones all of Block-Attention's {-block_synthetic * 100:.1f}"
+            ) in doc  # fmt: skip
+    assert summary["synthetic"][four]["vs_full"]["difference"] >= 0.5 * block_synthetic  # at least half won back
+    share = _result("table1-layout-tokens-refreshed-first.json")["layouts"]["lead-text-repeat-refreshed4-heads"]
+    assert f"{share['final_cached_fraction']:.1%} of a Table 1 final prompt from the cache" in doc
+    low, high = (f"{v * 100:+.1f}" for v in four_bridge["difference_ci95"])
+    assert f"bridge's interval reaches from {low} to {high}" in doc
+    five = "lead_text_repeat_refreshed5_heads"
+    extra = summary["single"][five]["tokens"]["computed"] / summary["single"][four]["tokens"]["computed"] - 1
+    d5 = diffs(five)
+    assert (f"**Five heads** ({d5[2]} synthetic, {d5[1]} bridge) cost {extra:.1%} more computed prompt tokens over "
+            "the single facts than four") in doc  # fmt: skip
+    d3, d2 = diffs("lead_text_repeat_refreshed3_heads"), diffs("lead_text_repeat_refreshed2_heads")
+    assert f"**three and two** lose synthetic questions ({d3[2]}, {d2[2]})" in doc
+
+
+def test_the_readmes_default_figures_match_their_results() -> None:
+    """README's paragraph on the default since 2026-12-07: its differences from full attention and
+    the layout before's in the same lease, and both Table 1 ratios on the H100."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    families = ("single", "bridge", "synthetic")
+    four = [_result(FOUR_FIVE_HEADS)["families"][f]["summary"]["lead_text_repeat_refreshed4_heads"] for f in families]
+    every = [_result(FIRST_HEADS)["families"][f]["summary"]["lead_text_repeat_refreshed_heads"] for f in families]
+    assert [s["questions"] for s in four] == [1000, 300, 500]
+    d4, de = ([f"{s['vs_full']['difference'] * 100:+.1f}" for s in run] for run in (four, every))
+    ratios = {}
+    for name, row in (("served-h100-table1-a9f9d27-refreshed4.json", COMPACT_ISPS),
+                      ("served-h100-table1-932665b-lookahead-refreshed3.json",
+                       f"{COMPACT_ISPS}, lead-text-repeat-refreshed-heads")):  # fmt: skip
+        ours, stock = (_table1_medians(name, r)[1]["samples_per_s"] for r in (row, STOCK_FA3))
+        ratios[name[19:26]] = f"{ours / stock:.2f}x"
+    assert (f"it answers {d4[0]}, {d4[1]} and {d4[2]} points against full attention (the layout before: {de[0]}, "
+            f"{de[1]}, {de[2]} in the same lease), and it runs Table 1 at {ratios['a9f9d27']} stock there (commit "
+            f"a9f9d27), where the layout before runs at {ratios['932665b']} with ISPS's look-ahead"
+            ) in readme  # fmt: skip
+
+
+def test_ten_passages_a_prompt_match_their_results() -> None:
+    """docs/accuracy.md's ten-passage run (CPU): the differences from full attention of both
+    layouts, the pairing of four heads against every head, the computed shares, and the ranges
+    the knob's paragraph, docs/client.md and README quote."""
+    run = _result("accuracy-families-smollm2-cpu-ranked-10-docs.json.gz")
+    assert run["meta"]["commit"].startswith("a9f9d27") and not run["meta"]["dirty"] and run["meta"]["device"] == "cpu"
+    assert run["meta"]["argv"][run["meta"]["argv"].index("--docs") + 1] == "10"
+    families = ("single", "bridge", "synthetic")
+    every, four = "lead_text_repeat_refreshed_heads", "lead_text_repeat_refreshed4_heads"
+    summary = {f: run["families"][f]["summary"] for f in families}
+    diff = {layout: [summary[f][layout]["vs_full"]["difference"] * 100 for f in families] for layout in (every, four)}
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    de, d4 = ([f"{v:+.1f}" for v in diff[layout]] for layout in (every, four))
+    assert (f"every head refreshed {de[0]}, {de[1]} and {de[2]} points against full attention, four heads "
+            f"{d4[0]}, {d4[1]} and {d4[2]}") in doc  # fmt: skip
+    six = {layout: min(r["families"][f]["summary"][layout]["vs_full"]["difference"] for f in families)
+           for r, layout in ((_result(FIRST_HEADS), every), (_result(FOUR_FIVE_HEADS), four))}  # fmt: skip
+    assert f"every head lost {-six[every] * 100:.1f} points at most and four heads {-six[four] * 100:.1f}" in doc
+    pairs = [_pairing((q["answers"] for q in run["families"][f]["questions"]), four, every) for f in families]
+    (sg, sl, sp), (bg, bl, bp), (yg, yl, yp) = pairs
+    assert (f"{sg} single facts right only with four heads and {sl} only with every head (exact McNemar {sp}); "
+            f"bridge {bg} against {bl} ({bp}); synthetic {yg} against {yl} ({yp})") in doc  # fmt: skip
+    assert sg > sl and bg >= bl  # four heads at least as good where it counts
+    computed = ["/".join(f"{summary[f][layout]['tokens']['computed_vs_full']:.2f}" for f in families)
+                for layout in (four, every)]  # fmt: skip
+    assert f"computing {computed[0]} of full attention's prompt tokens against {computed[1]}" in doc
+
+    def span(layout: str) -> str:
+        return f"{-max(diff[layout]):.0f} to {-min(diff[layout]):.0f} points"
+
+    assert f"both it and the layout before lose {-max(diff[four]):.0f} to {-min(diff[every]):.0f} points" in doc
+    client = " ".join((ROOT / "docs/client.md").read_text().split())
+    assert f"with ten passages it loses {span(four)} on the CPU" in client
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    before = span(every).removesuffix(" points")
+    assert f"it loses {span(four)} on the CPU (200, 150 and 150 questions), the layout before {before}" in readme
+    assert [summary[f]["full"]["questions"] for f in families] == [200, 150, 150]
