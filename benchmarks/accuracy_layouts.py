@@ -124,18 +124,10 @@ register("lead_text_repeat_hidden_sink", "the first passage as plain text, then 
          technique=lambda ctx: TECHNIQUES["lead-text-repeat-hidden-sink"])  # fmt: skip
 # Between the two: the first `k` passages (the lead's span among them) with refreshed heads, the
 # others hidden sinks (the same cached spans), so a prompt recomputes k heads instead of every one.
-register("lead_text_repeat_refreshed2_heads", "the first passage as plain text, then every passage, the first again, "
-         "the first two with refreshed heads, the others as hidden sinks",
-         technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed2-heads"])  # fmt: skip
-register("lead_text_repeat_refreshed3_heads", "the first passage as plain text, then every passage, the first again, "
-         "the first three with refreshed heads, the others as hidden sinks",
-         technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed3-heads"])  # fmt: skip
-register("lead_text_repeat_refreshed4_heads", "the first passage as plain text, then every passage, the first again, "
-         "the first four with refreshed heads, the others as hidden sinks",
-         technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed4-heads"])  # fmt: skip
-register("lead_text_repeat_refreshed5_heads", "the first passage as plain text, then every passage, the first again, "
-         "the first five with refreshed heads, the others as hidden sinks",
-         technique=lambda ctx: TECHNIQUES["lead-text-repeat-refreshed5-heads"])  # fmt: skip
+for count, word in ((2, "two"), (3, "three"), (4, "four"), (5, "five")):
+    register(f"lead_text_repeat_refreshed{count}_heads", "the first passage as plain text, then every passage, the "
+             f"first again, the first {word} with refreshed heads, the others as hidden sinks",
+             technique=lambda ctx, count=count: TECHNIQUES[f"lead-text-repeat-refreshed{count}-heads"])  # fmt: skip
 register("lead_text_refreshed_heads_first_last", "the first passage as plain text, then the others and the first "
          "again as refreshed heads: the first passage's span right before the question",
          technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads()))  # fmt: skip
