@@ -168,7 +168,7 @@ class RefreshedHeads(_SpanEach):
 
     def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
         refreshed = len(docs) if self.first is None else self.first
-        spans = [self.span(doc) if i < refreshed else Span(doc, head="hidden") for i, doc in enumerate(docs)]
+        spans = [self.span(doc) if i < refreshed else HiddenSink().span(doc) for i, doc in enumerate(docs)]
         if self.join_prefix and spans:
             spans[0] = Span(docs[0], head="joined")
         return spans
