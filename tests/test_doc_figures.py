@@ -1850,8 +1850,12 @@ def test_the_knob_at_a_glance_matches_its_results() -> None:
     four = _result(FOUR_FIVE_HEADS)["families"]
     worst = min(four[f]["summary"]["lead_text_repeat_refreshed4_heads"]["vs_full"]["difference"] for f in four)
     assert worst == bridge["difference"]
-    assert (f"({-worst * 100:.1f} points at most, on bridge questions, where its interval reaches from {low} to "
-            f"{high})") in text
+    five = min(four[f]["summary"]["lead_text_repeat_refreshed5_heads"]["vs_full"]["difference"] for f in four)
+    assert (f"({-worst * 100:.1f} at most, on bridge questions, where its interval reaches from {low} to {high}), as "
+            f"only five heads are besides ({five * 100:.1f} at most, computing more)") in text  # fmt: skip
+    others = _result(FIRST_HEADS)["families"]
+    layouts = others["single"]["summary"].keys() - {"full"}
+    assert all(min(others[f]["summary"][name]["vs_full"]["difference"] for f in others) < -0.03 for name in layouts)
     synthetic = _result(FIRST_HEADS)["families"]["synthetic"]["summary"]
     assert (f"(three heads {synthetic['lead_text_repeat_refreshed3_heads']['vs_full']['difference'] * 100:+.1f}, two "
             f"{synthetic['lead_text_repeat_refreshed2_heads']['vs_full']['difference'] * 100:+.1f}, none "
