@@ -63,6 +63,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h100-ranked-refreshed-first.json.gz": 15,  # 3 families x 5 layouts
     "accuracy-families-smollm2-h100-ranked-refreshed-first-4-5.json.gz": 9,  # 3 families x 3 layouts
     "accuracy-families-smollm2-cpu-ranked-10-docs.json.gz": 9,  # ten passages a prompt: 3 families x 3 layouts
+    "accuracy-families-smollm2-cpu-ranked-10-docs-fewer-heads.json.gz": 3,  # single facts: full, 2 heads, none
 }
 
 
@@ -2548,3 +2549,20 @@ def test_ten_passages_a_prompt_match_their_results() -> None:
     before = span(every).removesuffix(" points")
     assert f"it loses {span(four)} on the CPU (200, 150 and 150 questions), the layout before {before}" in readme
     assert [summary[f]["full"]["questions"] for f in families] == [200, 150, 150]
+
+
+def test_fewer_heads_over_ten_passages_match_their_results() -> None:
+    """docs/accuracy.md's single-fact run of two and no refreshed heads over ten passages (CPU):
+    the same questions and full attention's answers as the ten-passage run, and the differences."""
+    fewer, ten = (_result(f"accuracy-families-smollm2-cpu-ranked-10-docs{suffix}.json.gz")
+                  for suffix in ("-fewer-heads", ""))  # fmt: skip
+    assert fewer["meta"]["commit"].startswith("1035d6f") and not fewer["meta"]["dirty"]
+    full = [[(q["id"], q["answers"]["full"]["correct"]) for q in r["families"]["single"]["questions"]]
+            for r in (fewer, ten)]  # fmt: skip
+    assert full[0] == full[1]
+    summary = fewer["families"]["single"]["summary"]
+    two, none = (f"{summary[name]['vs_full']['difference'] * 100:+.1f}"
+                 for name in ("lead_text_repeat_refreshed2_heads", "lead_text_repeat_hidden_sink"))  # fmt: skip
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert f"Two heads {two}, none {none}: no count of refreshed heads keeps ten-passage single facts within 3" in doc
+    assert all(s["vs_full"]["difference"] < -0.03 for name, s in summary.items() if name != "full")
