@@ -375,8 +375,8 @@ class SpanClient:
         first document as text, then every document, the first four with refreshed heads and
         the others' heads hidden (``--layout lead-text-repeat-refreshed4-heads``): a model not
         trained for block attention answers from it within 3 points of full attention on every
-        question family measured over six ranked documents (not over ten), the cheapest layout
-        measured that is, computing a refreshed head only where a ranked prompt reads most
+        question family measured over six ranked documents (not over ten), the cheapest of the
+        layouts measured that are, computing a refreshed head only where a ranked prompt reads most
         (docs/accuracy.md); `BlockAttention` on a server without hidden heads (no
         ``hsep_token_id``), with a warning once."""
         if self._technique is not None:

@@ -231,10 +231,8 @@ TECHNIQUES: dict[str, Technique] = {
     "epic1": Epic(1),
     "epic2": Epic(2),
     "lead-text-repeat-hidden-sink": LeadInContext(HiddenSink(), as_text=True, repeat=True),
-    "lead-text-repeat-refreshed2-heads": LeadInContext(RefreshedHeads(first=2), as_text=True, repeat=True),
-    "lead-text-repeat-refreshed3-heads": LeadInContext(RefreshedHeads(first=3), as_text=True, repeat=True),
-    "lead-text-repeat-refreshed4-heads": LeadInContext(RefreshedHeads(first=4), as_text=True, repeat=True),
-    "lead-text-repeat-refreshed5-heads": LeadInContext(RefreshedHeads(first=5), as_text=True, repeat=True),
+    **{f"lead-text-repeat-refreshed{k}-heads": LeadInContext(RefreshedHeads(first=k), as_text=True, repeat=True)
+       for k in (2, 3, 4, 5)},
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
