@@ -128,6 +128,9 @@ for count, word in ((2, "two"), (3, "three"), (4, "four"), (5, "five")):
     register(f"lead_text_repeat_refreshed{count}_heads", "the first passage as plain text, then every passage, the "
              f"first again, the first {word} with refreshed heads, the others as hidden sinks",
              technique=lambda ctx, count=count: TECHNIQUES[f"lead-text-repeat-refreshed{count}-heads"])  # fmt: skip
+register("lead_text_repeat_hidden_refreshed4_heads", "the first passage as plain text, then every passage, the first "
+         "again as a hidden sink (it is read in context already), the next four with refreshed heads, the others as "
+         "hidden sinks", technique=lambda ctx: TECHNIQUES["lead-text-repeat-hidden-refreshed4-heads"])  # fmt: skip
 register("lead_text_refreshed_heads_first_last", "the first passage as plain text, then the others and the first "
          "again as refreshed heads: the first passage's span right before the question",
          technique=lambda ctx: LeadTextThenSpans(minipic_client.RefreshedHeads()))  # fmt: skip

@@ -286,6 +286,21 @@ def test_refreshing_the_first_heads_only_hides_the_others_over_the_same_spans(bu
         RefreshedHeads(first=0)
 
 
+def test_skipped_documents_are_hidden_and_the_refreshed_ones_follow_them(builder):
+    docs = [LONG, LONG + "2", LONG + "3"]
+    hidden, refreshed = HiddenSink().span, RefreshedHeads().span
+    assert RefreshedHeads(first=1, skip=1).documents(docs) == [hidden(docs[0]), refreshed(docs[1]), hidden(docs[2])]
+    assert RefreshedHeads(skip=2).documents(docs) == [hidden(docs[0]), hidden(docs[1]), refreshed(docs[2])]
+    skipped = builder.build([Text("sys"), *RefreshedHeads(first=1, skip=1).documents(docs), Dependent("q")])
+    first = builder.build([Text("sys"), *RefreshedHeads(first=1).documents(docs), Dependent("q")])
+    assert {p.key for p in skipped.prefills} == {p.key for p in first.prefills}
+    assert len(skipped.token_ids) == len(first.token_ids)  # one head in context either way
+    with pytest.raises(PromptError, match="skip must not be negative"):
+        RefreshedHeads(skip=-1)
+    with pytest.raises(PromptError, match="cannot join the prefix"):
+        RefreshedHeads(skip=1, join_prefix=True)
+
+
 def test_hidden_heads_need_a_server_that_publishes_hsep(client_tokenizer, ids):
     older = make_builder(client_tokenizer, {k: v for k, v in ids.items() if k != "hsep"})
     older.build([Span(LONG), Dependent("q")])

@@ -154,21 +154,28 @@ class RefreshedHeads(_SpanEach):
     so no pad or marker stands between the start of the user turn and the first document.
     ``first``: only the first `first` documents' heads are refreshed, the others' only hidden
     (`HiddenSink`, the same cached spans): fewer tokens computed per prompt, the highest-ranked
-    documents still read in context."""
+    documents still read in context. ``skip``: the first `skip` documents are only hidden and the
+    refreshed ones follow them, for documents the prompt already reads in context
+    (`LeadInContext(repeat=True)`) that need no head of their own."""
 
     join_prefix: bool = False
     first: int | None = None
+    skip: int = 0
 
     def __post_init__(self) -> None:
         if self.first is not None and self.first < 1:
             raise PromptError(f"RefreshedHeads(first={self.first}): first must be at least 1 (None: every document)")
+        if self.skip < 0:
+            raise PromptError(f"RefreshedHeads(skip={self.skip}): skip must not be negative")
+        if self.skip and self.join_prefix:
+            raise PromptError("RefreshedHeads(skip=..., join_prefix=True): a skipped document cannot join the prefix")
 
     def span(self, text: str) -> Span:
         return Span(text, head="refreshed")
 
     def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
-        refreshed = len(docs) if self.first is None else self.first
-        spans = [self.span(doc) if i < refreshed else HiddenSink().span(doc) for i, doc in enumerate(docs)]
+        end = len(docs) if self.first is None else self.skip + self.first
+        spans = [self.span(doc) if self.skip <= i < end else HiddenSink().span(doc) for i, doc in enumerate(docs)]
         if self.join_prefix and spans:
             spans[0] = Span(docs[0], head="joined")
         return spans
@@ -233,6 +240,8 @@ TECHNIQUES: dict[str, Technique] = {
     "lead-text-repeat-hidden-sink": LeadInContext(HiddenSink(), as_text=True, repeat=True),
     **{f"lead-text-repeat-refreshed{k}-heads": LeadInContext(RefreshedHeads(first=k), as_text=True, repeat=True)
        for k in (2, 3, 4, 5)},
+    "lead-text-repeat-hidden-refreshed4-heads": LeadInContext(RefreshedHeads(first=4, skip=1), as_text=True,
+                                                              repeat=True),
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
