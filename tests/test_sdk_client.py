@@ -449,7 +449,8 @@ async def test_calls_naming_no_layout_lead_with_text_then_refreshed_heads_or_blo
     fake_server, fake_client, caplog
 ) -> None:
     async with fake_client(technique=None) as client:
-        assert client.default_technique == LeadInContext(RefreshedHeads(first=4), as_text=True, repeat=True)
+        assert client.default_technique == LeadInContext(RefreshedHeads(first=4), as_text=True, repeat=True,
+                                                         hide_repeat=True)
         layout = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM))
         assert fake_server.hsep in layout.token_ids
         refreshed = client.rag_layout(RagRequest("q", [DOCS[0] * 3, DOCS[1] * 3], SYSTEM, technique=RefreshedHeads()))

@@ -286,19 +286,17 @@ def test_refreshing_the_first_heads_only_hides_the_others_over_the_same_spans(bu
         RefreshedHeads(first=0)
 
 
-def test_skipped_documents_are_hidden_and_the_refreshed_ones_follow_them(builder):
+def test_a_hidden_repeat_leaves_the_refreshed_heads_to_the_documents_after_it(builder):
     docs = [LONG, LONG + "2", LONG + "3"]
     hidden, refreshed = HiddenSink().span, RefreshedHeads().span
-    assert RefreshedHeads(first=1, skip=1).documents(docs) == [hidden(docs[0]), refreshed(docs[1]), hidden(docs[2])]
-    assert RefreshedHeads(skip=2).documents(docs) == [hidden(docs[0]), hidden(docs[1]), refreshed(docs[2])]
-    skipped = builder.build([Text("sys"), *RefreshedHeads(first=1, skip=1).documents(docs), Dependent("q")])
-    first = builder.build([Text("sys"), *RefreshedHeads(first=1).documents(docs), Dependent("q")])
-    assert {p.key for p in skipped.prefills} == {p.key for p in first.prefills}
-    assert len(skipped.token_ids) == len(first.token_ids)  # one head in context either way
-    with pytest.raises(PromptError, match="skip must not be negative"):
-        RefreshedHeads(skip=-1)
-    with pytest.raises(PromptError, match="cannot join the prefix"):
-        RefreshedHeads(skip=1, join_prefix=True)
+    layout = LeadInContext(RefreshedHeads(first=1), as_text=True, repeat=True, hide_repeat=True)
+    assert layout.documents(docs) == [Text(LONG, shared=False), hidden(LONG), refreshed(docs[1]), hidden(docs[2])]
+    shown = LeadInContext(RefreshedHeads(first=1), as_text=True, repeat=True)
+    built = [builder.build([Text("sys"), *technique.documents(docs), Dependent("q")]) for technique in (layout, shown)]
+    assert {p.key for p in built[0].prefills} == {p.key for p in built[1].prefills}
+    assert len(built[0].token_ids) == len(built[1].token_ids)  # one head in context either way
+    with pytest.raises(PromptError, match="only a repeat can be hidden"):
+        LeadInContext(hide_repeat=True)
 
 
 def test_hidden_heads_need_a_server_that_publishes_hsep(client_tokenizer, ids):

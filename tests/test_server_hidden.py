@@ -95,7 +95,8 @@ HIDDEN_HEAD_TECHNIQUES = [
     LeadInContext(as_text=True, repeat=True),
     LeadInContext(as_text=True, header="Passages:\n", repeat=True),
     LeadInContext(HiddenSink(), as_text=True, repeat=True),
-    LeadInContext(RefreshedHeads(first=2), as_text=True, repeat=True),  # the default's mix: refreshed, then hidden
+    # The default's mix: the repeat hidden, then refreshed heads, then hidden ones.
+    LeadInContext(RefreshedHeads(first=1), as_text=True, repeat=True, hide_repeat=True),
 ]
 
 

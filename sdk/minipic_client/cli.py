@@ -109,7 +109,7 @@ _CACHE_SALT = typer.Option(
 )
 _LAYOUT = typer.Option(
     None, "--layout", help=f"Document layout, fastest first: {', '.join(TECHNIQUES)} "
-    "(default: lead-text-repeat-refreshed4-heads where the server has hidden heads; docs/accuracy.md says "
+    "(default: lead-text-repeat-hidden-refreshed4-heads where the server has hidden heads; docs/accuracy.md says "
     "what each costs)",
 )
 

@@ -56,7 +56,7 @@ logger = logging.getLogger("minipic_client")
 DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 # The default where the server hides heads: the first document as text continuing the prompt,
 # then every document, the first again, as spans, the first four with refreshed heads (docs/accuracy.md).
-_LEAD_TEXT_REPEAT, _BLOCK_ATTENTION = TECHNIQUES["lead-text-repeat-refreshed4-heads"], BlockAttention()
+_LEAD_TEXT_REPEAT, _BLOCK_ATTENTION = TECHNIQUES["lead-text-repeat-hidden-refreshed4-heads"], BlockAttention()
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,11 +372,12 @@ class SpanClient:
     @property
     def default_technique(self) -> Technique:
         """The layout `rag` uses when a call names none: the client's ``technique=``, else the
-        first document as text, then every document, the first four with refreshed heads and
-        the others' heads hidden (``--layout lead-text-repeat-refreshed4-heads``): a model not
-        trained for block attention answers from it within 3 points of full attention on every
-        question family measured over six ranked documents (not over ten), the cheapest of the
-        layouts measured that are, computing a refreshed head only where a ranked prompt reads most
+        first document as text, then every document, the first again as a hidden sink (read in
+        context already), the next four with refreshed heads and the others' heads hidden
+        (``--layout lead-text-repeat-hidden-refreshed4-heads``): a model not trained for block
+        attention answers from it within 3 points of full attention on every question family
+        measured over six ranked documents (not over ten), the cheapest of the layouts measured
+        that are, computing a refreshed head only where a ranked prompt reads most
         (docs/accuracy.md); `BlockAttention` on a server without hidden heads (no
         ``hsep_token_id``), with a warning once."""
         if self._technique is not None:

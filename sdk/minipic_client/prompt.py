@@ -154,28 +154,21 @@ class RefreshedHeads(_SpanEach):
     so no pad or marker stands between the start of the user turn and the first document.
     ``first``: only the first `first` documents' heads are refreshed, the others' only hidden
     (`HiddenSink`, the same cached spans): fewer tokens computed per prompt, the highest-ranked
-    documents still read in context. ``skip``: the first `skip` documents are only hidden and the
-    refreshed ones follow them, for documents the prompt already reads in context
-    (`LeadInContext(repeat=True)`) that need no head of their own."""
+    documents still read in context."""
 
     join_prefix: bool = False
     first: int | None = None
-    skip: int = 0
 
     def __post_init__(self) -> None:
         if self.first is not None and self.first < 1:
             raise PromptError(f"RefreshedHeads(first={self.first}): first must be at least 1 (None: every document)")
-        if self.skip < 0:
-            raise PromptError(f"RefreshedHeads(skip={self.skip}): skip must not be negative")
-        if self.skip and self.join_prefix:
-            raise PromptError("RefreshedHeads(skip=..., join_prefix=True): a skipped document cannot join the prefix")
 
     def span(self, text: str) -> Span:
         return Span(text, head="refreshed")
 
     def documents(self, docs: Sequence[str]) -> list[Span | Dependent]:
-        end = len(docs) if self.first is None else self.skip + self.first
-        spans = [self.span(doc) if self.skip <= i < end else HiddenSink().span(doc) for i, doc in enumerate(docs)]
+        refreshed = len(docs) if self.first is None else self.first
+        spans = [self.span(doc) if i < refreshed else HiddenSink().span(doc) for i, doc in enumerate(docs)]
         if self.join_prefix and spans:
             spans[0] = Span(docs[0], head="joined")
         return spans
@@ -210,10 +203,15 @@ class LeadInContext:
     # segment after in-context text answers worst, whatever it holds (docs/accuracy.md), so it
     # holds a document the prompt already has; once spans are cached it costs no computed token.
     repeat: bool = False
+    # The repeated leading documents laid out as hidden sinks rather than by `rest`: the prompt
+    # reads them in context already, so `rest`'s refreshed heads go to the documents after them.
+    hide_repeat: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.rest, _SpanEach):
             raise PromptError(f"LeadInContext(rest={self.rest!r}): rest is a per-document technique")
+        if self.hide_repeat and not self.repeat:
+            raise PromptError("LeadInContext(hide_repeat=True): only a repeat can be hidden (repeat=True)")
         if self.lead < 1:
             raise PromptError(f"LeadInContext(lead={self.lead}): lead must be at least 1 (lead=0 is `rest` itself)")
         if self.header is not None and not self.header.strip():
@@ -221,9 +219,11 @@ class LeadInContext:
 
     def documents(self, docs: Sequence[str]) -> list[Part]:
         leading = [Text(doc, shared=False) if self.as_text else Dependent(doc) for doc in docs[: self.lead]]
-        rest = docs if self.repeat else docs[self.lead :]
-        header = [Dependent(self.header)] if self.header is not None and rest else []
-        return [*leading, *header, *self.rest.documents(rest)]
+        repeated = docs[: self.lead] if self.repeat else []
+        rest = docs[self.lead :] if self.hide_repeat else [*repeated, *docs[self.lead :]]
+        hidden = HiddenSink().documents(repeated) if self.hide_repeat else []
+        header = [Dependent(self.header)] if self.header is not None and (hidden or rest) else []
+        return [*leading, *header, *hidden, *self.rest.documents(rest)]
 
 
 Technique = SpanTechnique | LeadInContext
@@ -240,8 +240,8 @@ TECHNIQUES: dict[str, Technique] = {
     "lead-text-repeat-hidden-sink": LeadInContext(HiddenSink(), as_text=True, repeat=True),
     **{f"lead-text-repeat-refreshed{k}-heads": LeadInContext(RefreshedHeads(first=k), as_text=True, repeat=True)
        for k in (2, 3, 4, 5)},
-    "lead-text-repeat-hidden-refreshed4-heads": LeadInContext(RefreshedHeads(first=4, skip=1), as_text=True,
-                                                              repeat=True),
+    "lead-text-repeat-hidden-refreshed4-heads": LeadInContext(RefreshedHeads(first=4), as_text=True, repeat=True,
+                                                              hide_repeat=True),
     "refreshed-heads": RefreshedHeads(),
     "lead-refreshed-heads": LeadInContext(RefreshedHeads()),
     "lead-text-refreshed-heads": LeadInContext(RefreshedHeads(), as_text=True),
