@@ -9,8 +9,9 @@ forward pass computes what the server computes with every span cached or not) pl
 variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 
 - ``LAYOUT``: ``full`` (the plain prompt), ``block``, ``refreshed`` (`RefreshedHeads`),
-  ``default`` (the SDK's default: the first passage as text, then every passage as refreshed
-  heads), ``pdep`` (every passage after a PDep: full attention plus markers and padding);
+  ``default`` (the SDK's default until 2026-12-07: the first passage as text, then every passage
+  as refreshed heads), ``pdep`` (every passage after a PDep: full attention plus markers and
+  padding), or any name ``--layout`` takes (`prompt.TECHNIQUES`);
 - ``+hide-pdep``: a PDep marker's key is seen by no other token;
 - ``+hide-spans``: an SSep/HSep marker's key is seen only by its own span;
 - ``+hide-pads``: a pad's key is seen by no other token;
@@ -76,15 +77,16 @@ DEFAULT_TECHNIQUE = TECHNIQUES["lead-text-repeat-refreshed-heads"]  # `SpanClien
 
 
 def techniques(longest_passage: int, block_size: int) -> dict[str, Technique | None]:
-    return {"full": None, "block": BlockAttention(), "refreshed": RefreshedHeads(), "default": DEFAULT_TECHNIQUE,
-            "pdep": Epic(k=longest_passage // block_size + 1)}  # fmt: skip
+    return {**TECHNIQUES, "full": None, "block": BlockAttention(), "refreshed": RefreshedHeads(),
+            "default": DEFAULT_TECHNIQUE, "pdep": Epic(k=longest_passage // block_size + 1)}  # fmt: skip
 
 
 def parse_variant(variant: str) -> tuple[str, list[str]]:
     layout, *changes = variant.split("+")
     unknown = [c for c in changes if not c.startswith(CHANGES)]
-    if layout not in LAYOUTS or unknown:
-        raise SystemExit(f"variant {variant!r}: LAYOUT is {'|'.join(LAYOUTS)}, changes {', '.join(CHANGES)}")
+    if (layout not in LAYOUTS and layout not in TECHNIQUES) or unknown:
+        raise SystemExit(f"variant {variant!r}: LAYOUT is {'|'.join(LAYOUTS)} or a --layout name, "
+                         f"changes {', '.join(CHANGES)}")  # fmt: skip
     if any(c.startswith("blend") for c in changes) and any(c.startswith(("span-temp=", "compact")) for c in changes):
         raise SystemExit(f"variant {variant!r}: a blend takes neither span-temp nor compact")
     return layout, changes
@@ -276,6 +278,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--family", default="single")
     parser.add_argument("--questions", type=int, default=150)
+    parser.add_argument("--docs", type=int, default=6, help="passages per prompt, the answering ones included")
     parser.add_argument("--variants", nargs="+", default=["full", "refreshed"])
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
@@ -296,8 +299,8 @@ def main() -> None:
     corpus = Corpus.of(passages, set())
     lengths = [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts]
     corpus.usable = {i for i, n in enumerate(lengths) if n <= 300}  # as accuracy.py's default
-    questions: list[Question] = build_family(args.family, extract_facts(passages), corpus, args.questions, 6, 150,
-                                             random.Random(f"{args.seed}:{args.family}"), args.order)  # fmt: skip
+    questions: list[Question] = build_family(args.family, extract_facts(passages), corpus, args.questions, args.docs,
+                                             150, random.Random(f"{args.seed}:{args.family}"), args.order)  # fmt: skip
     lengths += [len(tokenizer.encode(t, special_tokens_as_text=False)) for t in corpus.texts[len(lengths):]]
     longest = max(lengths[i] for q in questions for i in q.passages)
     prompts = [RagRequest(q.question, tuple(corpus.texts[i] for i in q.passages), SYSTEM) for q in questions]

@@ -50,6 +50,10 @@ def test_variants_are_checked() -> None:
     assert parse_variant("refreshed+pad=198+hide-pads") == ("refreshed", ["pad=198", "hide-pads"])
     with pytest.raises(SystemExit, match="changes"):
         parse_variant("refreshed+hide-everything")
+    named = "lead-text-repeat-hidden-refreshed4-heads+span-bias=-0.5"  # a --layout name
+    assert parse_variant(named) == ("lead-text-repeat-hidden-refreshed4-heads", ["span-bias=-0.5"])
+    with pytest.raises(SystemExit, match="a --layout name"):
+        parse_variant("no-such-layout")
 
 
 def test_markers_embedded_as_another_token_keep_the_rule() -> None:
