@@ -55,7 +55,8 @@ logger = logging.getLogger("minipic_client")
 
 DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 # The default where the server hides heads: the first document as text continuing the prompt,
-# then every document, the first again, as spans, the first four with refreshed heads (docs/accuracy.md).
+# then every document as a span, the first again with its head hidden, the next four with refreshed
+# heads (docs/accuracy.md).
 _LEAD_TEXT_REPEAT, _BLOCK_ATTENTION = TECHNIQUES["lead-text-repeat-hidden-refreshed4-heads"], BlockAttention()
 
 
