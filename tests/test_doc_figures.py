@@ -2668,3 +2668,28 @@ def test_a_hidden_repeat_matches_its_results() -> None:
     cap = caps["lead-text-repeat-hidden-refreshed4-heads"]
     assert (f"both compute {cap:,.0f} tokens a sample against stock's {stock_tokens:,.0f}, so "
             f"**{stock_tokens / cap:.2f}x at most**") in text  # fmt: skip
+
+
+def test_spans_weighed_down_over_ten_passages_match_their_results() -> None:
+    """docs/accuracy.md's emulation of a span bias over ten ranked passages (CPU): the table rows of
+    its section, the differences, the pairing against the default and the run's provenance."""
+    run = _result("accuracy-emulation-ten-docs-span-bias-smollm2-cpu.json")
+    argv = run["provenance"]["argv"]
+    assert run["provenance"]["commit"].startswith("ebc26f3") and not run["provenance"]["dirty"]
+    assert argv[argv.index("--docs") + 1] == "10" and run["order"] == "ranked" and run["questions_asked"] == 150
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    section = doc[doc.index("### Spans weighed down over ten passages"):]
+    section = section[: section.index("\n### ")]
+    for variant, r in run["variants"].items():
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}` |"))
+        assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+    default, biased = (f"lead-text-repeat-hidden-refreshed4-heads+compact{bias}" for bias in ("", "+span-bias=-0.5"))
+    text = " ".join(section.split())
+    differences = [run["variants"][v]["vs_full"]["difference"] * 100 for v in (default, biased)]
+    served = _result(TEN_DOCS)["families"]["single"]["summary"][DEFAULT_LAYOUT]["vs_full"]["difference"] * 100
+    assert (f"(-{-differences[0]:.1f} here, -{-served:.1f} on the H100's 1,000 questions); **with it, nothing**: "
+            f"{differences[1]:+.1f} against full attention") in text  # fmt: skip
+    gained, lost = _discordant(list(zip(run["verdicts"][biased], run["verdicts"][default], strict=True)))
+    p = mcnemar_exact(gained, lost)
+    assert (f"{gained} single facts right only with the bias and {lost} only without (exact McNemar "
+            f"{'p<0.001' if p < 0.001 else f'p={p:.3f}'})") in text  # fmt: skip
