@@ -220,10 +220,10 @@ class LeadInContext:
     def documents(self, docs: Sequence[str]) -> list[Part]:
         leading = [Text(doc, shared=False) if self.as_text else Dependent(doc) for doc in docs[: self.lead]]
         repeated = docs[: self.lead] if self.repeat else []
-        rest = docs[self.lead :] if self.hide_repeat else [*repeated, *docs[self.lead :]]
-        hidden = HiddenSink().documents(repeated) if self.hide_repeat else []
-        header = [Dependent(self.header)] if self.header is not None and (hidden or rest) else []
-        return [*leading, *header, *hidden, *self.rest.documents(rest)]
+        hidden, shown = (repeated, []) if self.hide_repeat else ([], repeated)
+        spans = [*HiddenSink().documents(hidden), *self.rest.documents([*shown, *docs[self.lead :]])]
+        header = [Dependent(self.header)] if self.header is not None and spans else []
+        return [*leading, *header, *spans]
 
 
 Technique = SpanTechnique | LeadInContext
