@@ -69,6 +69,8 @@ from provenance import provenance
 
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
+# On a GPU the layout server takes a small share of its memory, so several emulations share one device.
+GPU_SERVER_ARGS = ["--gpu-memory-utilization", "0.05"]
 CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=",
            "span-temp=", "compact", "span-sees-prefix", "blend=", "blend-random=")
 TEMPERED = "minipic_tempered"
@@ -306,7 +308,9 @@ def main() -> None:
     prompts = [RagRequest(q.question, tuple(corpus.texts[i] for i in q.passages), SYSTEM) for q in questions]
     layouts = {layout for layout, _ in variants.values()}
     wanted = {name: t for name, t in techniques(longest, BLOCK_SIZE).items() if name in layouts}
-    with local_server(args.model, SERVER_ARGS, args.out.with_suffix(".server.log")) as url:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    server_args = SERVER_ARGS + (GPU_SERVER_ARGS if args.device.startswith("cuda") else [])
+    with local_server(args.model, server_args, args.out.with_suffix(".server.log")) as url:
         info, token_ids = asyncio.run(lay_out(url, tokenizer, prompts, wanted))
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager")
@@ -347,7 +351,6 @@ def main() -> None:
               "markers": {"ssep": info.ssep_token_id, "pdep": info.pdep_token_id, "pad": info.pad_token_id,
                           "hsep": info.hsep_token_id},
               "variants": report, "verdicts": verdicts}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 

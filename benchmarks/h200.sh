@@ -132,11 +132,25 @@ accuracy)
 emulation)
     # A visibility rule tried in transformers before it is built (`accuracy_emulation.py`), on the
     # GPU: the prompts laid out by an fp32 `minipic serve`, then answered with the model on cuda;
-    # questions not answered by every variant before the deadline are left out.
+    # questions not answered by every variant before the deadline are left out. One emulation per
+    # family of FAMILIES (default single), passage order of ORDERS (default shuffled) and passage
+    # count of DOCS (default 6), side by side on the GPU, each to
+    # $OUT/accuracy-emulation-FAMILY-ORDER-DOCS-smollm2-h200.json.
     smollm2_model || exit 1
-    python3 benchmarks/accuracy_emulation.py --model "$ACCURACY_MODEL" --passages /tmp/2wiki_passages.json \
-        --out "$OUT/accuracy-emulation-smollm2-h200.json" --device cuda --deadline $(( DEADLINE - 15 )) "$@" \
-        2>&1 | tee "$OUT/emulation.log" | grep -v Warning ;;
+    for docs in ${DOCS:-6}; do
+        for order in ${ORDERS:-shuffled}; do
+            for family in ${FAMILIES:-single}; do
+                name=accuracy-emulation-$family-$order-$docs-smollm2-h200
+                python3 benchmarks/accuracy_emulation.py --model "$ACCURACY_MODEL" \
+                    --passages /tmp/2wiki_passages.json --family "$family" --order "$order" --docs "$docs" \
+                    --out "$OUT/$name.json" --device cuda --deadline $(( DEADLINE - 15 )) "$@" \
+                    >"$OUT/$name.log" 2>&1 &
+            done
+        done
+    done
+    wait
+    tail -n 8 "$OUT"/accuracy-emulation-*.log | grep -v Warning
+    (cd "$OUT" && tar -czf emulation-logs.tar.gz --remove-files ./*.log) ;;
 *)
     echo "usage: bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|test-gpu-parts|accuracy|emulation [args...]"; exit 2 ;;
 esac
