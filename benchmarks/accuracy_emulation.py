@@ -69,8 +69,9 @@ from provenance import provenance
 
 BLOCK_SIZE = 16
 SERVER_ARGS = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--max-model-len", "4096", "--enforce-eager"]
-# On a GPU the layout server takes a small share of its memory, so several emulations share one device.
-GPU_SERVER_ARGS = ["--gpu-memory-utilization", "0.05"]
+# On a GPU the layout server takes a fixed KV cache, not a share of memory measured at start, so
+# several emulations starting side by side share one device.
+GPU_SERVER_ARGS = ["--kv-cache-memory-bytes", str(512 << 20)]
 CHANGES = ("hide-pdep", "hide-spans", "hide-pads", "pad=", "markers=", "span-bias=", "first-span-bias=",
            "span-temp=", "compact", "span-sees-prefix", "blend=", "blend-random=")
 TEMPERED = "minipic_tempered"
