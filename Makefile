@@ -32,7 +32,7 @@ GPU_PY ?= python3
 test-gpu:
 	MINIPIC_GPU_TESTS=1 $(GPU_PY) -m pytest -ra -p gpu_record $(PYTEST_ARGS) tests/gpu tests/test_server_pic.py \
 		tests/test_server_gapped_hits.py tests/test_server_hidden.py tests/test_server_architectures.py \
-		tests/test_server_compact.py
+		tests/test_server_compact.py tests/test_server_span_bias.py
 
 # The long reliability runs behind docs/reliability.md: the hasher's property tests with
 # 20,000 examples each, then 2,000 and 5,000 `rag` calls at the server's concurrency cap.

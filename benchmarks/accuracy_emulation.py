@@ -18,10 +18,11 @@ variant's changes. A variant is ``LAYOUT[+CHANGE...]``:
 - ``+pad=ID``: pads are token ``ID`` (an ordinary token) instead of the server's pad marker;
 - ``+markers=ID``: SSep, PDep and HSep are embedded as token ``ID`` (the rule still reads them);
 - ``+span-bias=B``: ``B`` added to the attention logits of every key inside a span, as seen from
-  rows outside that span (APE's scaling of parallel contexts: their softmax weights times e^B);
+  rows outside every span (APE's scaling of parallel contexts: their softmax weights times e^B);
+  what ``minipic serve --span-bias B`` computes;
 - ``+first-span-bias=B``: the same for the prompt's first span only;
 - ``+span-temp=T``: the attention logits of every key inside a span, as seen from rows outside
-  that span, divided by ``T`` (APE's attention temperature: below 1 sharpens what those rows
+  every span, divided by ``T`` (APE's attention temperature: below 1 sharpens what those rows
   read from passages computed apart);
 - ``+compact``: the pads and the PDep markers are seen by no other token (``+hide-pdep+hide-pads``)
   *and* take no position: every token the question sees sits right after the one before it, as in
@@ -57,6 +58,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 
 from minipic_client import BlockAttention, Epic, RagRequest, RefreshedHeads, SpanClient, Strategy, Tokenizer
 from minipic_client.prompt import TECHNIQUES, Technique
+from minipic_kernels.block_kinds import weighed_by_span_bias
 from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
 from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
 from minipic_protocol.info import ServerInfo
@@ -114,8 +116,9 @@ def _window_starts(ids: Sequence[int], info: ServerInfo) -> torch.Tensor:
 
 
 def _outside_rows_of_span_keys(starts: torch.Tensor) -> torch.Tensor:
-    """``[q, k]``: the key is inside a span and the row outside that span (the pairs APE rescales)."""
-    return (starts[None, :] > 0) & (starts[:, None] != starts[None, :])
+    """``[q, k]``: the key is inside a span and the row outside every span (the pairs APE rescales,
+    and a server's ``--span-bias`` weighs: `weighed_by_span_bias`)."""
+    return weighed_by_span_bias(starts[:, None], starts[None, :])
 
 
 def attention_bias(ids: Sequence[int], info: ServerInfo, changes: Sequence[str], seen: torch.Tensor) -> torch.Tensor:

@@ -105,7 +105,7 @@ test-gpu-halves|test-gpu-parts)
         parts=(gpu-suite offload-suite reference-suite)
         deselect[gpu-suite]="--deselect tests/gpu/test_offload.py "
     fi
-    for suite in pic gapped_hits hidden architectures compact; do
+    for suite in pic gapped_hits hidden architectures compact span_bias; do
         for part in gpu-suite offload-suite; do deselect[$part]+="--deselect tests/test_server_$suite.py "; done
     done
     pids=()

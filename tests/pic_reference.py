@@ -5,8 +5,10 @@ each segment's tokens attend causally either from position 0 (``span=False``:
 text before any marker, PDep tails, generated tokens) or from the segment's own
 start (``span=True``: an SSep/HSep span sees only itself). The first block of a
 ``hidden_head`` segment (an HSep span) is seen by that segment's tokens only. Positions
-are positions in the final prompt. The mask is checked against MiniPIC's marker rule
-(the one definition the server applies), so the fixtures and the rule cannot drift apart.
+are positions in the final prompt. Under a server's span bias, a key of a span segment
+read by a token of any other kind of segment gets the bias on its logit. The mask is checked
+against MiniPIC's marker rule (the one definition the server applies), so the fixtures and
+the rule cannot drift apart.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from minipic_kernels.block_kinds import visible
+from minipic_kernels.block_kinds import visible, weighed_by_span_bias
 from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
 from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
 from minipic_protocol.markers import MarkerIds
@@ -106,6 +108,7 @@ class _Token:
     segment: int
     first_key: int  # the first position this token may attend to
     hidden: bool  # a key in a hidden head block
+    span: bool  # in a span segment
 
 
 def _tokens(segments: list[Segment]) -> list[_Token]:
@@ -113,7 +116,7 @@ def _tokens(segments: list[Segment]) -> list[_Token]:
     for i, segment in enumerate(segments):
         for j in range(len(segment.tokens)):
             hidden = segment.hidden_head and j < BLOCK_SIZE
-            tokens.append(_Token(i, position if segment.span else 0, hidden))
+            tokens.append(_Token(i, position if segment.span else 0, hidden, segment.span))
         position += len(segment.tokens)
     return tokens
 
@@ -128,6 +131,12 @@ def allowed(tokens: list[_Token]) -> torch.Tensor:
     return causal & ~(hidden[None, :] & (segment[None, :] != segment[:, None]))
 
 
+def weighed(tokens: list[_Token]) -> torch.Tensor:
+    """``[q, k]``: a span bias weighs key k as token q reads it (k in a span segment, q in none)."""
+    span = torch.tensor([t.span for t in tokens])
+    return span[None, :] & ~span[:, None]
+
+
 def check_against_rule(segments: list[Segment], vocabulary: Vocabulary) -> None:
     ids = flatten(segments)
     markers = vocabulary.roles.kind_ids
@@ -136,6 +145,8 @@ def check_against_rule(segments: list[Segment], vocabulary: Vocabulary) -> None:
     pos = torch.arange(len(ids))
     by_rule = visible(pos[:, None], starts[:, None], pos[None, :], hidden[None, :], BLOCK_SIZE)
     assert torch.equal(by_rule, allowed(_tokens(segments))), "the segments and MiniPIC's rule disagree"
+    weighed_by_rule = weighed_by_span_bias(starts[:, None], starts[None, :])
+    assert torch.equal(weighed_by_rule, weighed(_tokens(segments))), "the segments and the span bias disagree"
 
 
 class HFReference:
@@ -143,7 +154,7 @@ class HFReference:
     server's ``--embed-markers-as``); the mask and the output head still see the ids.
     `compact`: the compact reading (``--compact``): unread tokens seen by no read token (they
     read causally) and the positions `minipic_protocol.compact` gives (per token, the
-    protocol's scalar rule)."""
+    protocol's scalar rule). `span_bias`: the server's ``--span-bias`` (`weighed`)."""
 
     def __init__(
         self,
@@ -152,6 +163,7 @@ class HFReference:
         embedded_as: dict[int, int] | None = None,
         *,
         compact: bool = False,
+        span_bias: float = 0.0,
     ) -> None:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="eager"
@@ -159,6 +171,7 @@ class HFReference:
         self.vocabulary = vocabulary
         self.embedded_as = embedded_as or {}
         self.compact = compact
+        self.span_bias = span_bias
 
     def _mask_and_positions(self, ids: list[int], tokens: list[_Token]) -> tuple[torch.Tensor, torch.Tensor]:
         seen = allowed(tokens)
@@ -178,9 +191,9 @@ class HFReference:
         ids, tokens = flatten(segments), _tokens(segments)
         generated, tops = [], []
         for _ in range(num_tokens):
-            length = len(ids)
             seen, positions = self._mask_and_positions(ids, tokens)
-            mask = torch.zeros(1, 1, length, length).masked_fill(~seen, float("-inf"))
+            bias = self.span_bias * weighed(tokens).float()
+            mask = bias.masked_fill(~seen, float("-inf"))[None, None]
             logits = self.model(
                 input_ids=torch.tensor([[self.embedded_as.get(t, t) for t in ids]]),
                 attention_mask=mask,
@@ -193,7 +206,8 @@ class HFReference:
             token = int(torch.argmax(logprobs))
             generated.append(token)
             ids.append(token)
-            tokens.append(_Token(tokens[-1].segment, tokens[-1].first_key, False))  # continues the last segment
+            last = tokens[-1]
+            tokens.append(_Token(last.segment, last.first_key, False, last.span))  # continues the last segment
         return generated, tops
 
 

@@ -8,6 +8,7 @@ from minipic_kernels.attention import Scratch, StepPlan, plan_step
 from minipic_kernels.block_kinds import (
     BlockKind,
     hidden_per_block,
+    requests_weighing_span_keys,
     requests_with_hidden,
 )
 from minipic_kernels.block_origins import key_shifts, misplaced_requests
@@ -177,6 +178,23 @@ def test_rows_that_only_skip_hidden_blocks_before_them_go_to_the_stock_kernel_ov
         [-1, 16, 17, 18, -1, -1, -1, -1],
     ]  # fmt: skip
     assert scratch.seq_used[[0, 1, 5]].tolist() == [6 * BS, 6 * BS, 3 * BS - 3]
+
+
+def test_under_a_span_bias_rows_weighing_span_keys_go_to_the_tile_kernel() -> None:
+    """The stock kernel cannot weigh keys: the question after cached spans goes to tiles (moved or
+    not), the span prefilled alone keeps the cache and the stock kernel."""
+    tables = [FINAL_PROMPT, FINAL_PROMPT, [3, 4]]
+    reqs = [(8 * BS, 2 * BS), (8 * BS, 2 * BS), (2 * BS, 2 * BS)]
+    step = _step(tables, reqs, moved=[False, True, False])
+    plan = _plan([q for _, q in reqs], [s for s, _ in reqs])
+    weighing = requests_weighing_span_keys(step.window_starts, torch.tensor([0, 2 * BS, 4 * BS, 6 * BS]),
+                                           torch.tensor([s for s, _ in reqs]), BS)  # fmt: skip
+    assert weighing.tolist() == [True, True, False]
+    routes = plan.routed(step, weighing).routes
+    assert routes is not None and routes.scratch is None and routes.at_origin is not None
+    assert routes.tiles is not None and routes.tiles.tolist() == [1, 1, 0]
+    assert routes.at_origin.tolist() == [0, 0, 2 * BS]
+    assert plan.routed(step).routes.tiles is None  # without the bias: scratch pages, as above
 
 
 def test_moved_requests_keep_every_block_on_scratch() -> None:

@@ -13,6 +13,7 @@ from minipic_kernels.block_kinds import (
     block_kinds_of_tokens,
     compactable_requests,
     hidden_per_block,
+    requests_weighing_span_keys,
     requests_with_masks,
     window_starts_per_block,
 )
@@ -23,6 +24,7 @@ from minipic_protocol.blocks import (
     hidden_of_prompt,
     in_span,
     visible,
+    weighed_by_span_bias,
     window_starts_of_prompt,
 )
 from minipic_server.config import PicConfig
@@ -90,6 +92,36 @@ def test_tensor_visibility_equals_scalar_visibility() -> None:
         pos = torch.arange(len(prompt))
         dense = block_kinds.visible(pos[:, None], starts[:, None], pos[None, :], hidden[None, :], B)
         assert dense.tolist() == scalar_mask(prompt)
+
+
+def test_tensor_span_bias_rule_equals_scalar_rule() -> None:
+    rng = random.Random(3)
+    for _ in range(100):
+        prompt = [rng.choice([SSEP, PDEP, HSEP, 9, 9, 9]) for _ in range(rng.randrange(1, 40))]
+        starts = window_starts_of_prompt(prompt, B, *MARKERS)
+        dense = block_kinds.weighed_by_span_bias(torch.tensor(starts)[:, None], torch.tensor(starts)[None, :])
+        assert dense.tolist() == [[weighed_by_span_bias(q, k) for k in starts] for q in starts]
+
+
+def test_requests_weighing_span_keys_are_those_with_a_row_outside_spans_after_a_span() -> None:
+    """Under a span bias: a final prompt's rows after its spans weigh them, a span prefill's rows
+    (in its span, or before it) weigh nothing, and neither do junk table entries past a request."""
+    rng = random.Random(4)
+    for _ in range(300):
+        first_tokens = [rng.choice([SSEP, PDEP, HSEP, 9, 9, 9]) for _ in range(16)]
+        record = block_kinds_of_tokens(torch.tensor(first_tokens), *MARKERS)
+        table = torch.tensor([rng.sample(range(16), 8) for _ in range(4)])
+        seq_lens = torch.tensor([rng.randrange(1, 8 * B + 1) for _ in range(4)])
+        q_lens = torch.tensor([rng.randrange(1, int(s) + 1) for s in seq_lens])
+        qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
+        windows = window_starts_per_block(table, record, B)
+        flags = requests_weighing_span_keys(windows, qsl, seq_lens, B).tolist()
+        for r, (seq_len, q_len) in enumerate(zip(seq_lens.tolist(), q_lens.tolist())):
+            prompt = [t for b in table[r].tolist() for t in (first_tokens[b], 9, 9, 9)][:seq_len]
+            starts = window_starts_of_prompt(prompt, B, *MARKERS)
+            weighing = [any(weighed_by_span_bias(starts[q], starts[k]) for k in range(q))
+                        for q in range(seq_len - q_len, seq_len)]  # fmt: skip
+            assert flags[r] == any(weighing)
 
 
 def test_requests_with_masks_are_those_a_causal_kernel_gets_wrong() -> None:

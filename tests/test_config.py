@@ -53,6 +53,11 @@ def test_section_parsing_names_the_problem() -> None:
     with pytest.raises(MiniPICConfigError, match="compact must be true or false, got 1"):
         PicConfig.from_section({**MARKERS, "compact": 1})
     assert PicConfig.from_section({**MARKERS, "compact": True}).compact
+    for bias in (float("nan"), float("inf"), "-0.5", True):
+        with pytest.raises(MiniPICConfigError, match="minipic.span_bias must be a finite number"):
+            PicConfig.from_section({**MARKERS, "span_bias": bias})
+    assert PicConfig.from_section({**MARKERS, "span_bias": -1}).span_bias == -1
+    assert PicConfig(**MARKERS).span_bias == 0.0
     with pytest.raises(MiniPICConfigError, match="must differ.*hsep_token_id=5"):
         PicConfig(5, 6, 7, 5)
     with pytest.raises(MiniPICConfigError, match="minipic.hsep_token_id must be a non-negative integer"):
@@ -161,6 +166,28 @@ def test_the_compact_reading_is_the_default_and_the_flag_wins(tiny_model_dir: Pa
     for flags in ([], ["--compact"], ["--no-compact"]):
         assert CliRunner().invoke(app, ["serve", "some/model", *flags]).exit_code == 0
     assert given == [None, True, False]
+
+
+def test_the_span_bias_flag_reaches_the_section_and_wins_over_it(tiny_model_dir: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    import minipic_server.serve
+    from minipic_client.cli import app
+
+    def bias(span_bias: float | None, *flags: str) -> float:
+        args = serve_args(vllm_serve_parser({})[0], str(tiny_model_dir), list(flags), None, span_bias=span_bias)
+        return PicConfig.from_section(args.additional_config["minipic"]).span_bias
+
+    section = ("--additional-config", '{"minipic": {"span_bias": -1.0}}')
+    assert bias(None) == 0.0 and bias(-0.5) == -0.5
+    assert bias(None, *section) == -1.0 and bias(0.25, *section) == 0.25
+    given: list[float | None] = []
+    monkeypatch.setattr(minipic_server.serve, "serve_main", lambda *a, span_bias, **k: given.append(span_bias))
+    for flags in ([], ["--span-bias", "-0.5"]):
+        assert CliRunner().invoke(app, ["serve", "some/model", *flags]).exit_code == 0
+    assert given == [None, -0.5]
+    refused = CliRunner().invoke(app, ["serve", "some/model", "--span-bias", "low"])
+    assert refused.exit_code != 0 and "--span-bias" in refused.output
 
 
 def test_plugin_allowlist_keeps_other_plugins() -> None:

@@ -139,7 +139,8 @@ def test_an_hsep_block_opens_a_span_that_hashes_apart_from_an_ssep_one() -> None
 
 
 
-READINGS = [{"compact": False}, {}, {"compact": False, "embed_markers_as": 9}, {"embed_markers_as": 9}]
+READINGS = [{"compact": False}, {}, {"compact": False, "embed_markers_as": 9}, {"embed_markers_as": 9},
+            {"span_bias": -0.5}, {"span_bias": -1.0}, {"compact": False, "span_bias": -0.5}]
 
 
 def test_each_reading_hashes_apart_and_reuses_spans_within_itself() -> None:
@@ -152,3 +153,5 @@ def test_each_reading_hashes_apart_and_reuses_spans_within_itself() -> None:
     for hasher in hashers:
         assert hashes(SYS + DOC_A + DOC_C, hasher=hasher)[1:] == hashes([7] * 4 + DOC_A + DOC_C, hasher=hasher)[1:]
         assert hashes(SYS + DOC_A, salt="alice", hasher=hasher)[1] != hashes(SYS + DOC_A, hasher=hasher)[1]
+    unweighed = make_pic_block_hasher(BS, sha256, PicConfig(SSEP, PDEP, PAD, span_bias=0.0))
+    assert hashes(SYS + DOC_A + TASK, hasher=unweighed) == hashes(SYS + DOC_A + TASK, hasher=hashers[1])

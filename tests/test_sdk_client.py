@@ -357,6 +357,14 @@ def test_server_info_reads_the_compact_reading_absent_from_older_servers() -> No
         ServerInfo.from_json({**base, "compact": "yes"})
 
 
+def test_server_info_reads_the_span_bias_absent_from_older_servers() -> None:
+    base = ServerInfo.stock(model="m", max_model_len=8, tokenizer="t", max_num_seqs=1).to_json()
+    assert ServerInfo.from_json({**base, "span_bias": -1}).span_bias == -1.0
+    assert ServerInfo.from_json({k: v for k, v in base.items() if k != "span_bias"}).span_bias == 0.0
+    with pytest.raises(InfoError, match="'span_bias' is 'low', expected a number"):
+        ServerInfo.from_json({**base, "span_bias": "low"})
+
+
 @pytest.mark.parametrize("version", [None, PROTOCOL_VERSION + 1])
 async def test_a_server_of_another_protocol_version_is_refused_in_one_line(fake_server, fake_client, version):
     fake_server.info["protocol_version"] = version

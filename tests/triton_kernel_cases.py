@@ -69,6 +69,7 @@ class Case:
     # block shifts, so blocks at their origin stay unmoved), "refreshed" (with kinds "refreshed_heads": a marker
     # opening each PDep block and pads ending each block before one, as the SDK lays final prompts out)
     unread: str = ""
+    span_bias: float = 0.0  # the server's span bias (`paged_rope_attention_reference`)
     seed: int = 0
 
 
@@ -304,6 +305,17 @@ CASES = [
     Case("f32_compact_partial_neox", MIXED, group=2, rotary_dim=32, kinds="hidden", unread="random", seed=76),
     Case("f16_compact_gptj_d128", [(75, 75), (40, 1), (60, 4), (90, 2), (120, 30)], group=4, head_size=128,
          is_neox=False, dtype=F16, kinds="hidden", unread="random", prefill=None, decode=None, seed=77),
+    # A span bias: span keys weighed for rows outside spans, in tiles and decode (key splits too), and with a
+    # stock kernel, which cannot weigh them, the final prompts it took above go to tiles instead.
+    Case("f32_span_bias_tiles", MIXED, group=2, kinds="hidden", span_bias=-0.7, seed=90),
+    Case("f32_span_bias_decode_splits", [(96, 1), (120, 1), (64, 2), (150, 3)], group=2, kinds="hidden",
+         span_bias=1.3, decode=AttentionConfig(16, 32, 4, 1, num_splits=3), seed=91),
+    Case("f32_span_bias_refreshed_heads_dense", REFRESHED_STEP, group=2, kinds="refreshed_heads", mode="dense",
+         span_bias=-0.5, seed=92),
+    Case("f32_span_bias_compact_final_prompts_dense", REFRESHED_STEP, group=2, kinds="refreshed_heads",
+         misplaced=1.0, mode="dense", unread="refreshed", span_bias=-1.0, seed=93),
+    Case("f16_span_bias_compact_d128", [(75, 75), (40, 1), (60, 4), (90, 2), (120, 30)], group=4, head_size=128,
+         dtype=F16, kinds="hidden", unread="random", span_bias=-0.5, prefill=None, decode=None, seed=94),
 ]
 
 
@@ -347,7 +359,7 @@ def _run_case(case: Case) -> dict:
     if case.unread:
         step = _compact_step(case, inputs)
         ref_step = dict(key_shift=step.key_shift, query_shift=step.query_shift)
-    ref = paged_rope_attention_reference(**inputs, **ref_step)
+    ref = paged_rope_attention_reference(**inputs, **ref_step, span_bias=case.span_bias)
     out = torch.full_like(inputs["query"], float("nan"))
     extra: dict = {"prefill": case.prefill, "decode": case.decode}
     if case.mode.startswith("dense"):
@@ -364,9 +376,15 @@ def _run_case(case: Case) -> dict:
             page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=1 << 30,
         )  # fmt: skip
-    paged_rope_attention(**inputs, output=out, **extra)
+    paged_rope_attention(**inputs, output=out, span_bias=case.span_bias, **extra)
     tol = 2e-2 if case.dtype == torch.float16 else 1e-3
     max_err = _compared(out, ref, case, inputs)
+    if case.span_bias:  # a case the bias changes nothing in could not tell a kernel that ignores it
+        unbiased = paged_rope_attention_reference(**inputs, **ref_step)
+        moved_by_bias = _compared(unbiased, ref, case, inputs)
+        if moved_by_bias <= 10 * tol:
+            return {"name": case.name, "ok": False, "max_err": max_err, "tol": tol,
+                    "detail": f"the bias moves the reference by only {moved_by_bias}"}  # fmt: skip
     return {"name": case.name, "ok": max_err <= tol, "max_err": max_err, "tol": tol}
 
 

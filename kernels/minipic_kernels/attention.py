@@ -18,8 +18,9 @@ exact for it:
   the skipped ones left out (`Scratch`), then the stock kernel over them;
 * **prefill with masks** (spans computed inside a prompt, or span rows among rows that
   must skip a hidden block: FlashAttention-3 can neither start a row's keys late nor skip a
-  block for some rows only): the Triton tile kernel over the cache, skipping key tiles
-  outside each row's window and masking hidden blocks.
+  block for some rows only; under a span bias also any row outside spans after a span
+  block, which FlashAttention-3 cannot weigh): the Triton tile kernel over the cache,
+  skipping key tiles outside each row's window and masking hidden blocks.
 
 Which requests have masks (and which of those are compactable) or misplaced blocks is
 known on the device (from the block records, `step_tensors`); `StepPlan.routed` brings those
@@ -39,6 +40,7 @@ from typing import Protocol
 
 import torch
 
+from minipic_kernels.block_kinds import requests_weighing_span_keys
 from minipic_kernels.rotary_pages import page_table, rotate_into_pages
 from minipic_kernels.step_tensors import COMPACTABLE, MASKED, MOVED, StepTensors, derive_step_tensors
 from minipic_kernels.triton_attention import (
@@ -139,13 +141,20 @@ class StepPlan:
     scratch_budget_bytes: int
     routes: Routes | None = None
 
-    def routed(self, step: StepTensors) -> StepPlan:
+    def routed(self, step: StepTensors, weighing: torch.Tensor | None = None) -> StepPlan:
         """Route each prefill request from the step's device flags (`StepTensors`): the
-        step's one host sync, none without prefill."""
+        step's one host sync, none without prefill. Under a span bias ``weighing`` (bool per
+        request, `block_kinds.requests_weighing_span_keys`) sends the requests whose rows weigh
+        span keys to the tile kernel, the only one that weighs them."""
         if not self.has_prefill or self.routes is not None:
             return self
-        flags = step.flags.cpu()  # the host sync
+        rows = step.flags if weighing is None else torch.cat([step.flags, weighing[None].to(step.flags.dtype)])
+        flags = rows.cpu()  # the host sync
         masks, compacts, misplaces = (flags[row].tolist() for row in (MASKED, COMPACTABLE, MOVED))
+        if weighing is not None:
+            weighs = flags[-1].tolist()
+            masks = [m or w for m, w in zip(masks, weighs)]
+            compacts = [c and not w for c, w in zip(compacts, weighs)]
         prefill = [q > self.decode_limit for q in self.query_lens]
         at_origin = [p and not w and not m for p, w, m in zip(prefill, masks, misplaces)]
         # A compactable request reads its kept keys from scratch, moved or not (`Scratch`); in the compact reading
@@ -237,6 +246,7 @@ def paged_rope_attention(
     prefill: AttentionConfig | None = None,
     decode: AttentionConfig | None = None,
     unread: tuple[torch.Tensor, torch.Tensor] | None = None,
+    span_bias: float = 0.0,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged keys, each block moved from its
     origin to where the request reads it.
@@ -279,11 +289,11 @@ def paged_rope_attention(
             page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=scratch_budget_bytes,
         )
-    plan = plan.routed(step)
+    plan = plan.routed(step, weighing_requests(step, query_start_loc, seq_lens, block_size, span_bias))
     work = TileLaunch(
         query, key_cache, value_cache, block_table, block_kind, block_origin, step.key_shift, step.moved, step.hidden,
         query_start_loc, seq_lens, step.window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale),
-        plan.max_seq_len, unread, step.query_shift,
+        plan.max_seq_len, unread, step.query_shift, span_bias,
     )  # fmt: skip
     if plan.has_prefill:
         _prefill(work, output, plan, prefill or prefill_config(head_size), paged_attention, num_tokens)
@@ -291,6 +301,15 @@ def paged_rope_attention(
         launch(work, output, decode or decode_config(head_size), decode=True, num_tokens=num_tokens,
                max_query_len=plan.max_decode_query_len)  # fmt: skip
     return output
+
+
+def weighing_requests(
+    step: StepTensors, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_size: int, span_bias: float
+) -> torch.Tensor | None:
+    """`StepPlan.routed`'s ``weighing`` under a span bias, None without one."""
+    if not span_bias:
+        return None
+    return requests_weighing_span_keys(step.window_starts, query_start_loc, seq_lens, block_size)
 
 
 def _prefill(

@@ -4,7 +4,8 @@ The rule itself (block kinds, spans, hidden heads, visibility) is stated once, i
 form, in `minipic_protocol.blocks`; these are its tensor forms for the per-step recorder
 and the attention kernels (graph-safe, no host sync), tested equal to the scalar ones;
 `requests_with_hidden` is the kernels' per-request switch for the hidden-block mask;
-`requests_with_masks` and `compactable_requests` route prefill requests between kernels.
+`requests_with_masks`, `compactable_requests` and, under a span bias,
+`requests_weighing_span_keys` route prefill requests between kernels.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def visible(
     hidden unless the key's block opens the query's own span."""
     own_head = key_pos - key_pos % block_size == window_start
     return (key_pos <= query_pos) & (key_pos >= window_start) & ((key_hidden == 0) | own_head)
+
+
+def weighed_by_span_bias(query_window: torch.Tensor, key_window: torch.Tensor) -> torch.Tensor:
+    """`minipic_protocol.weighed_by_span_bias` on broadcast tensors: a key inside a span read
+    from outside every span."""
+    return (query_window == OUTSIDE_SPANS) & (key_window != OUTSIDE_SPANS)
 
 
 def window_starts_per_block(
@@ -125,6 +132,18 @@ def compactable_requests(
     """
     in_span = requests_with_span_rows(window_starts, query_start_loc, seq_lens, block_size)
     return requests_with_masks(window_starts, hidden, query_start_loc, seq_lens, block_size) & ~in_span
+
+
+def requests_weighing_span_keys(
+    window_starts: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """``(num_reqs,)`` bool: does a query row outside every span follow a span block? Under a
+    span bias that row weighs the span's keys (`weighed_by_span_bias`), which a stock causal
+    kernel cannot; a span prefill (its rows in its span, or before it) does not."""
+    rows = _query_blocks(window_starts.shape[1], query_start_loc, seq_lens, block_size)
+    in_span = window_starts != OUTSIDE_SPANS
+    span_before = torch.cummax(in_span.to(torch.int8), dim=1).values > 0
+    return (rows & ~in_span & span_before).any(dim=1)
 
 
 def requests_with_span_rows(

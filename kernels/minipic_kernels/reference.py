@@ -25,13 +25,16 @@ Conventions (shared with the Triton kernels):
   ``window_start .. p`` (``window_start`` is `block_kinds.OUTSIDE_SPANS` outside every
   span), except the keys of hidden (HSep) blocks other than its own span's head
   (`block_kinds.visible`).
+- ``span_bias`` (a server's ``--span-bias``, natural-log units) is added to the logit of every
+  key inside a span read by a row outside every span (`block_kinds.weighed_by_span_bias`):
+  the span's softmax weight times ``e^span_bias``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minipic_kernels.block_kinds import hidden_per_block, visible, window_starts_per_block
+from minipic_kernels.block_kinds import hidden_per_block, visible, weighed_by_span_bias, window_starts_per_block
 from minipic_kernels.block_origins import key_shifts
 from minipic_kernels.compact_shifts import read_keys
 
@@ -117,6 +120,7 @@ def paged_rope_attention_reference(
     key_shift: torch.Tensor | None = None,
     unread: tuple[torch.Tensor, torch.Tensor] | None = None,
     query_shift: torch.Tensor | None = None,
+    span_bias: float = 0.0,
 ) -> torch.Tensor:
     """Attention of each request's query rows over its paged keys, each block moved from
     its origin to where this request places it.
@@ -174,6 +178,9 @@ def paged_rope_attention_reference(
         k = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, Lk, D)
         v = values.float().repeat_interleave(group, dim=1).transpose(0, 1)
         scores = torch.matmul(q, k.transpose(1, 2)) * scale
+        if span_bias:
+            weighed = weighed_by_span_bias(window[:, None], windows[r, key_positions // block_size][None, :])
+            scores = scores + span_bias * weighed
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         output[q_begin:q_end] = torch.matmul(probs, v).transpose(0, 1).to(output.dtype)

@@ -40,6 +40,10 @@ tail and masks those keys from every read row (an unread row reads causally); an
 tile back by its rows' compact shifts once, in registers (`_rotated_query`), where a torch
 rotation before attention cost about ten fp32 copies of the step's queries per layer.
 
+Under a server's span bias (``span_bias``, a runtime argument: no compiled variant) rows outside
+every span add it to the scores of keys inside a span, from the window start of each key's
+block (`block_kinds.weighed_by_span_bias`); at 0 the branch is skipped, uniform over the launch.
+
 ``ROT_HALF == 0`` (``rotary_dim`` 0) compiles rotation out: keys are taken as already in
 place, which only the benchmarks' no-rotation baseline and its interpreter test use.
 """
@@ -54,6 +58,7 @@ import triton
 import triton.language as tl
 
 from minipic_kernels.block_kinds import BlockKind
+from minipic_protocol.blocks import OUTSIDE_SPANS
 
 __all__ = ["AttentionConfig", "TileLaunch", "decode_config", "decode_programs_to_fill", "launch", "prefill_config"]
 
@@ -62,6 +67,8 @@ _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)
 # The record value of hidden blocks (`block_kinds.hidden_per_block`).
 _HIDDEN_KIND = tl.constexpr(int(BlockKind.HSEP))
+# The window start of rows and blocks outside every span (`block_kinds.window_starts_per_block`).
+_OUTSIDE_SPANS = tl.constexpr(OUTSIDE_SPANS)
 
 
 @triton.jit
@@ -283,16 +290,19 @@ def _shown_keys(n0, offs_n, seq_len, unread_rows, win_start, bt_row_ptr, stride_
 
 @triton.jit
 def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, unread_rows, win_start, key_lo, key_hi, seq_len, qk_scale,
-                 has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr, shift_row_ptr,
-                 stride_ksb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-                 cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr, ROT_HALF: tl.constexpr,
-                 IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, UNREAD: tl.constexpr,
+                 span_bias, has_hidden, ws_row_ptr, stride_wsb, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr,
+                 unread_tail_ptr, shift_row_ptr, stride_ksb, k_head_ptr, v_head_ptr, stride_kb, stride_ks, stride_kd,
+                 stride_vb, stride_vs, stride_vd, cos_sin_ptr, stride_cs, HEAD: tl.constexpr, HEAD_P: tl.constexpr,
+                 ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, MOVE: tl.constexpr, PAIR_HALVES: tl.constexpr,
+                 KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE_BLOCKS: tl.constexpr, UNREAD: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
     """Online-softmax attention of the query tile over keys ``[key_lo, key_hi)``, each row
     masked by `block_kinds.visible` (causal, its window, hidden blocks other than its own
     span's head) and, with ``UNREAD``, unread keys from read rows; with ``MOVE`` (a request
     reading some block shifted) each key tile is first rotated by its blocks' shifts (`_tile_scores`).
+    ``span_bias`` (the server's span bias over the softmax scale: a score offset) is added to the
+    scores of span keys read by rows outside every span (`block_kinds.weighed_by_span_bias`), from
+    the window start of each key's block (``ws_row_ptr``); 0 skips it, a branch uniform over the launch.
 
     The record mask costs a record load per KV block of each tile, after the block-table
     load it depends on; ``has_hidden`` (the request's flag, `StepTensors.hidden`) skips it, a
@@ -316,6 +326,10 @@ def _attend_keys(acc, m_i, l_i, q, q_first, q_second, q_pos, unread_rows, win_st
             allowed = allowed & _shown_keys(n0, offs_n, seq_len, unread_rows, win_start, bt_row_ptr, stride_btb,
                                             block_kind_ptr, unread_head_ptr, unread_tail_ptr, KV_BLOCK_SIZE,
                                             TILE_BLOCKS, BLOCK_N // TILE_BLOCKS, UNREAD)  # fmt: skip
+        if span_bias != 0.0:
+            key_win = tl.load(ws_row_ptr + (offs_n // KV_BLOCK_SIZE) * stride_wsb, mask=key_ok, other=_OUTSIDE_SPANS)
+            weighed = (win_start == _OUTSIDE_SPANS)[:, None] & (key_win != _OUTSIDE_SPANS)[None, :]
+            qk = tl.where(weighed, qk + span_bias, qk)
         qk = tl.where(allowed, qk, float("-inf"))
         # Base-2 online softmax; the scale is folded into one multiply per score.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -348,7 +362,7 @@ def _store_rows(out_ptr, acc, l_i, q_begin, q_len, tile, kv_head, stride_ot, str
 def _attend_rows(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
     query_shift_ptr, req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req, tile,
-    q_begin, q_len, kv_head, split, qk_scale, num_splits,
+    q_begin, q_len, kv_head, split, qk_scale, span_bias, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
@@ -406,7 +420,8 @@ def _attend_rows(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_first, q_second, q_pos, unread_rows, win_start, key_lo, key_hi, seq_len, qk_scale,
-        has_hidden, bt_row_ptr, stride_btb, block_kind_ptr, unread_head_ptr, unread_tail_ptr,
+        span_bias, has_hidden, window_starts_ptr + req * stride_wsr, stride_wsb, bt_row_ptr, stride_btb, block_kind_ptr,
+        unread_head_ptr, unread_tail_ptr,
         key_shift_ptr + req.to(tl.int64) * stride_ksr, stride_ksb, k_ptr + kv_head * stride_kh,
         v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr,
         stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, COMPACT,
@@ -436,7 +451,7 @@ def _other_variant(req_moved_ptr, req, ROT_HALF: tl.constexpr, MOVE: tl.constexp
 def _decode_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
     query_shift_ptr, req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr,
-    part_acc_ptr, part_ml_ptr, qk_scale, num_reqs, num_splits,
+    part_acc_ptr, part_ml_ptr, qk_scale, span_bias, num_reqs, num_splits,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
@@ -473,7 +488,7 @@ def _decode_kernel(
     _attend_rows(
         out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
         query_shift_ptr, req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, part_acc_ptr, part_ml_ptr, req,
-        0, q_begin, q_len, kv_head, split, qk_scale, num_splits,
+        0, q_begin, q_len, kv_head, split, qk_scale, span_bias, num_splits,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
         stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
@@ -486,7 +501,7 @@ def _decode_kernel(
 def _prefill_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
     query_shift_ptr, req_moved_ptr, req_hidden_ptr, query_start_loc_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr,
-    req_flags_ptr, qk_scale, num_reqs,
+    req_flags_ptr, qk_scale, span_bias, num_reqs,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
     stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
@@ -516,7 +531,7 @@ def _prefill_kernel(
     _attend_rows(
         out_ptr, q_ptr, k_ptr, v_ptr, block_table_ptr, block_kind_ptr, unread_head_ptr, unread_tail_ptr, key_shift_ptr,
         query_shift_ptr, req_hidden_ptr, seq_lens_ptr, window_starts_ptr, cos_sin_ptr, out_ptr, out_ptr, req, tile,
-        q_begin, q_len, kv_head, 0, qk_scale, 1,
+        q_begin, q_len, kv_head, 0, qk_scale, span_bias, 1,
         stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
         stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
         stride_btr, stride_btb, stride_wsr, stride_wsb, stride_ksr, stride_ksb, stride_cs,
@@ -683,6 +698,7 @@ class TileLaunch:
     # the compact reading's (num_tokens,) int32 shift per query row, each row rotated back by it in the kernels
     # (`StepTensors.query_shift`): given with ``unread``, None outside the reading
     query_shift: torch.Tensor | None = None
+    span_bias: float = 0.0  # the server's span bias (`reference.paged_rope_attention_reference`)
 
     def __post_init__(self) -> None:
         if (self.unread is None) != (self.query_shift is None):
@@ -748,18 +764,20 @@ def launch(
                  TILE_BLOCKS=max(1, cfg.block_n // block_size), COMPACT=compact,
                  DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)  # fmt: skip
+    score_bias = work.span_bias / work.scale  # added to q . k, which the kernels scale by `work.scale`
     for move in (False, True) if work.rotary_dim else (False,):
         # PAIR_HALVES: tl.dot takes halves of at least 16 lanes.
         variant = dict(MOVE=move, PAIR_HALVES=move and work.rotary_dim == head_p and work.rotary_dim >= 32)
         if decode:
             _decode_kernel[(num_tiles, num_kv_heads, splits)](
-                *head_args, part_acc, part_ml, work.scale * _LOG2E, num_reqs, splits, *strides, **shape, **variant,
+                *head_args, part_acc, part_ml, work.scale * _LOG2E, score_bias, num_reqs, splits, *strides, **shape,
+                **variant,
                 USE_SPLITS=splits > 1,
             )  # fmt: skip
         else:
             _prefill_kernel[(num_tiles, num_kv_heads)](
-                *head_args, req_flags if req_flags is not None else work.seq_lens, work.scale * _LOG2E, num_reqs,
-                *strides, **shape, **variant, SKIP_QLEN_LE=decode_query_limit(group),
+                *head_args, req_flags if req_flags is not None else work.seq_lens, work.scale * _LOG2E, score_bias,
+                num_reqs, *strides, **shape, **variant, SKIP_QLEN_LE=decode_query_limit(group),
                 USE_FLAGS=req_flags is not None,
             )  # fmt: skip
     if splits > 1:

@@ -16,6 +16,7 @@ from minipic_protocol.blocks import (
     opens_span,
     span_openers,
     visible,
+    weighed_by_span_bias,
     window_starts_of_prompt,
 )
 from minipic_protocol.compact import (
@@ -45,5 +46,6 @@ __all__ = [
     "unread_ends_of_blocks",
     "unread_of_prompt",
     "visible",
+    "weighed_by_span_bias",
     "window_starts_of_prompt",
 ]

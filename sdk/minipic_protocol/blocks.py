@@ -7,7 +7,9 @@ to the next marker block (`in_span`). A block in a span hashes from the span's s
 its tokens attend from there; any other block hashes over, and attends to, everything
 before it. A hidden block is attended only by the queries of its own span (`visible`).
 Hiding only removes context, so a cached block never holds keys computed from context
-its hash does not name.
+its hash does not name. A server may also weigh the keys of spans, as read from outside
+every span, by a logit bias (`weighed_by_span_bias`): a change to what the question reads,
+never to what a span's blocks hold.
 
 The client lays prompts out by it, the server's hasher and metrics apply it block by
 block, the test fixtures simulate the cache with it; `minipic_kernels.block_kinds` holds
@@ -92,6 +94,14 @@ def visible(query_pos: int, window_start: int, key_pos: int, key_hidden: bool, b
     the key's block opens the query's own span."""
     own_head = key_pos - key_pos % block_size == window_start
     return window_start <= key_pos <= query_pos and (not key_hidden or own_head)
+
+
+def weighed_by_span_bias(query_window_start: int, key_window_start: int) -> bool:
+    """Whether a server's span bias (``--span-bias``) applies to the logit of the key (in a
+    block of window start ``key_window_start``) read by the query (window start
+    ``query_window_start``): a key inside a span read from outside every span. Span rows read
+    their own span as it was computed, so a span's cached keys and values never depend on the bias."""
+    return query_window_start == OUTSIDE_SPANS and key_window_start != OUTSIDE_SPANS
 
 
 def kinds_of_prompt(

@@ -43,6 +43,7 @@ class ServerInfo:
     instance_id: str
     hsep_token_id: int | None = None  # None: no hidden heads (no fourth unused special token)
     compact: bool = False  # the compact reading (`minipic_protocol.compact`); absent from older servers
+    span_bias: float = 0.0  # added to span keys' logits read from outside spans (`weighed_by_span_bias`)
     protocol_version: int = PROTOCOL_VERSION
     pic: bool = True  # False: a stock vLLM server (plain prompts only); never published
 
@@ -91,6 +92,12 @@ class ServerInfo:
                 if not isinstance(value, bool):
                     raise InfoError(f"/minipic/info: {field.name!r} is {value!r}, expected bool")
                 values[field.name] = value
+                continue
+            if field.type == "float":  # absent from older servers: the field's default
+                value = data.get(field.name, field.default)
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise InfoError(f"/minipic/info: {field.name!r} is {value!r}, expected a number")
+                values[field.name] = float(value)
                 continue
             if field.type == "int | None":
                 ok = value is None or _is_int(value)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minipic_kernels.attention import weighing_requests
 from minipic_kernels.step_tensors import derive_step_tensors, derive_step_tensors_reference
 from minipic_server.block_plan import StepRecords
 from minipic_server.boundary import STEP_RECORDS, Attention
@@ -129,7 +130,9 @@ def derive_step(metadata: Any, records: BlockRecords, *, first_layer: bool) -> N
         metadata.block_size, records.unread, metadata.num_actual_tokens,
     )
     if metadata.plan is not None:
-        metadata.plan = metadata.plan.routed(metadata.step)
+        weighing = weighing_requests(metadata.step, metadata.query_start_loc, metadata.seq_lens, metadata.block_size,
+                                     metadata.span_bias)  # fmt: skip
+        metadata.plan = metadata.plan.routed(metadata.step, weighing)
 
 
 def link_block_records(model: torch.nn.Module, device: torch.device, compact: bool = False) -> BlockRecords:

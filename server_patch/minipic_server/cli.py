@@ -44,6 +44,14 @@ def serve(
         "the markers (docs/accuracy.md).",
         show_default=False,
     ),
+    span_bias: float | None = typer.Option(
+        None, "--span-bias", metavar="B",
+        help="Add B to the attention logit of every key inside a span read from outside every span (the "
+        "question, the answer, in-context heads): each passage computed apart weighs e^B as much. Default 0 (the "
+        "block rule as it is), unless the minipic section of --additional-config sets span_bias "
+        "(docs/accuracy.md).",
+        show_default=False,
+    ),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with PIC active. Other options go to vLLM."""
     from minipic_protocol import MarkerIds
@@ -65,6 +73,7 @@ def serve(
     serve_main(
         model, list(ctx.args), markers, hsep_token_id,
         require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as, compact=compact,
+        span_bias=span_bias,
     )
 
 

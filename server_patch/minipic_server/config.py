@@ -6,6 +6,7 @@ so torch.compile caches never mix graphs built with and without PIC.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,7 +19,7 @@ CONFIG_KEY = "minipic"
 _FIELDS = ("ssep_token_id", "pdep_token_id", "pad_token_id")
 # Optional: a configuration written before hidden heads existed has no HSep marker.
 _OPTIONAL_FIELDS = ("hsep_token_id",)
-_OPTIONS = ("require_cache_salt", "embed_markers_as", "compact")
+_OPTIONS = ("require_cache_salt", "embed_markers_as", "compact", "span_bias")
 
 
 class MiniPICConfigError(ValueError):
@@ -35,7 +36,9 @@ class PicConfig:
     (`minipic_protocol.compact`): pads and PDep markers unread and given no position. It is the
     default because a model never trained on MiniPIC's markers answers nearly as with full
     attention in it (docs/accuracy.md); False keeps the plain reading, for models trained to
-    read the markers."""
+    read the markers. `span_bias`: added to the logit of every key inside a span read from outside
+    every span (`minipic_protocol.weighed_by_span_bias`), so a question reads the passages computed
+    apart that much less (negative) or more; 0 leaves attention as the block rule gives it."""
 
     ssep_token_id: int
     pdep_token_id: int
@@ -44,6 +47,7 @@ class PicConfig:
     require_cache_salt: bool = False
     embed_markers_as: int | None = None
     compact: bool = True
+    span_bias: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in self.markers.items():
@@ -57,6 +61,9 @@ class PicConfig:
         for flag in ("require_cache_salt", "compact"):
             if not isinstance(getattr(self, flag), bool):
                 raise MiniPICConfigError(f"minipic.{flag} must be true or false, got {getattr(self, flag)!r}")
+        bias = self.span_bias
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise MiniPICConfigError(f"minipic.span_bias must be a finite number, got {bias!r}")
         stand_in = self.embed_markers_as
         if stand_in is not None and (isinstance(stand_in, bool) or not isinstance(stand_in, int) or stand_in < 0):
             raise MiniPICConfigError(f"minipic.embed_markers_as must be a token id, got {stand_in!r}")

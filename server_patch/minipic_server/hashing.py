@@ -31,8 +31,8 @@ A server that reads markers otherwise than by their own embedding rows
 read by no token, no position) computes other KV for the same tokens, so its chains
 start from a root of their own naming that reading: no block computed under one
 reading is found by a server reading another through a shared CPU offload or KV
-connector store. The plain reading (``--no-compact``) keeps vLLM's root (a marker-free
-prompt hashes as stock).
+connector store. So does a span bias (``--span-bias``). The plain reading (``--no-compact``,
+no span bias) keeps vLLM's root (a marker-free prompt hashes as stock).
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ def make_pic_block_hasher(
     kinds = pic.block_kinds
     span_runs = _SpanRuns(span_blocks_kept)
 
-    reading = (pic.compact, pic.embed_markers_as)
+    # A span bias changes the KV of every block read after a span outside spans (questions, refreshed
+    # heads); at 0 it changes nothing and leaves the reading's root as it was.
+    reading = (pic.compact, pic.embed_markers_as, *((float(pic.span_bias),) if pic.span_bias else ()))
 
     def root() -> BlockHash:
         """vLLM's root (set after the hasher is made: read per request), or the server's reading's."""

@@ -36,6 +36,7 @@ def server_info(vllm_config: Any, served_model_name: str, instance_id: str) -> S
         pad_token_id=pic.pad_token_id,
         hsep_token_id=pic.hsep_token_id,
         compact=pic.compact,
+        span_bias=pic.span_bias,
         max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
         max_model_len=vllm_config.model_config.max_model_len,
         vllm_version=vllm_version(),

@@ -66,12 +66,14 @@ def serve_args(
     require_cache_salt: bool = False,
     embed_markers_as: str | None = None,
     compact: bool | None = None,
+    span_bias: float | None = None,
 ) -> Namespace:
     """Parse ``serve MODEL VLLM_ARGS`` and add PIC's section to the additional config, with
     `markers` checked against the tokenizer, or picked from it when not given;
     ``hsep_token_id`` overrides HSep alone (picked after the other three when not given);
     `embed_markers_as` (``newline`` or a token id) as `MarkerRule.stand_in` reads it; `compact`
-    (None: the section's, else `PicConfig`'s default) picks the compact or the plain reading."""
+    (None: the section's, else `PicConfig`'s default) picks the compact or the plain reading;
+    `span_bias` (None likewise) sets `PicConfig.span_bias`."""
     args = parser.parse_args(["serve", model, *vllm_args])
     rule = MarkerRule(load_tokenizer(args.tokenizer or model, args.tokenizer_revision, args.trust_remote_code))
     markers = markers or rule.pick()
@@ -84,6 +86,8 @@ def serve_args(
         options["embed_markers_as"] = rule.stand_in(embed_markers_as)
     if compact is not None:
         options["compact"] = compact
+    if span_bias is not None:
+        options["span_bias"] = span_bias
     args.additional_config = with_pic_section(args.additional_config, markers, options)
     return args
 
@@ -131,6 +135,7 @@ def serve_main(
     require_cache_salt: bool = False,
     embed_markers_as: str | None = None,
     compact: bool | None = None,
+    span_bias: float | None = None,
 ) -> None:
     """``minipic serve``; a configuration PIC cannot serve ends the process with one
     line, the last of the output, instead of a traceback."""
@@ -144,6 +149,7 @@ def serve_main(
         args = serve_args(
             parser, model, vllm_args, markers, hsep_token_id,
             require_cache_salt=require_cache_salt, embed_markers_as=embed_markers_as, compact=compact,
+            span_bias=span_bias,
         )
         command.validate(args)
         command.cmd(args)

@@ -14,7 +14,7 @@ from minipic_kernels.step_tensors import StepTensors
 from minipic_server import boundary
 from minipic_server.block_records import BlockRecords, derive_step
 from minipic_server.boundary import AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata
-from minipic_server.config import MiniPICConfigError
+from minipic_server.config import MiniPICConfigError, pic_config_of
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class PicAttentionMetadata:
     block_origin: torch.Tensor | None = None
     unread: tuple[torch.Tensor, torch.Tensor] | None = None  # the compact reading's records (`BlockRecords.unread`)
     step: StepTensors | None = None
+    span_bias: float = 0.0  # the server's (`PicConfig.span_bias`)
 
 
 class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
@@ -65,6 +66,8 @@ class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         boundary.check_kv_cache_layout(kv_cache_spec)
         self.block_size = kv_cache_spec.block_size
+        pic = pic_config_of(vllm_config)
+        self.span_bias = pic.span_bias if pic is not None else 0.0
 
     def build(
         self,
@@ -82,6 +85,7 @@ class PicMetadataBuilder(AttentionMetadataBuilder[PicAttentionMetadata]):
             seq_lens=m.seq_lens,
             block_table=m.block_table_tensor,
             slot_mapping=m.slot_mapping,
+            span_bias=self.span_bias,
         )
 
 

@@ -58,6 +58,7 @@ class PicCpuAttentionImpl(PositionFreeAttention, AttentionImpl[PicAttentionMetad
             metadata.seq_lens, metadata.block_kind, metadata.block_origin, rope.unit_cos_sin, rope.rotary_dim,
             rope.is_neox, self.scale, output, window_starts=metadata.step.window_starts,
             key_shift=metadata.step.key_shift, unread=metadata.unread, query_shift=metadata.step.query_shift,
+            span_bias=metadata.span_bias,
         )  # fmt: skip
 
     def __init__(

@@ -135,7 +135,7 @@ class PicTritonAttentionImpl(PositionFreeAttention, TritonAttentionImpl):
             query, key_cache, value_cache, metadata.block_table, metadata.query_start_loc,
             metadata.seq_lens, metadata.block_kind, metadata.block_origin, rope.unit_cos_sin_in(key_cache.dtype),
             rope.rotary_dim, rope.is_neox, self.scale, output, plan=metadata.plan, step=metadata.step,
-            paged_attention=self.paged_attention, unread=metadata.unread,
+            paged_attention=self.paged_attention, unread=metadata.unread, span_bias=metadata.span_bias,
         )  # fmt: skip
 
     def ensure_paged_attention(self, dtype: torch.dtype) -> None:
