@@ -2693,3 +2693,41 @@ def test_spans_weighed_down_over_ten_passages_match_their_results() -> None:
     p = mcnemar_exact(gained, lost)
     assert (f"{gained} single facts right only with the bias and {lost} only without (exact McNemar "
             f"{'p<0.001' if p < 0.001 else f'p={p:.3f}'})") in text  # fmt: skip
+
+
+def test_spans_weighed_down_with_the_answer_in_a_span_match_their_results() -> None:
+    """docs/accuracy.md's emulation of the span bias over ten shuffled passages (CPU): the table rows,
+    the pairing against the default, the questions answered and the run's provenance and length."""
+    run = _result("accuracy-emulation-ten-docs-shuffled-span-bias-smollm2-cpu.json")
+    assert run["provenance"]["commit"].startswith("ca8f0eb") and not run["provenance"]["dirty"]
+    assert run["order"] == "shuffled" and run["questions_asked"] == 150
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    section = doc[doc.index("### Spans weighed down with the answer in a span"):]
+    section = section[: section.index("\n### ")]
+    for variant, r in run["variants"].items():
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}` |"))
+        assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+    text = " ".join(section.split())
+    answered = run["variants"]["full"]["questions"]
+    minutes = round(sum(r["seconds"] for r in run["variants"].values()) / 60)
+    assert (f"{answered} of 150 single-fact questions answered by the deadline, one run on the 2-core VM of "
+            f"{minutes} minutes") in text
+    default, biased = (f"lead-text-repeat-hidden-refreshed4-heads+compact{bias}" for bias in ("", "+span-bias=-0.5"))
+    loss = -run["variants"][default]["vs_full"]["difference"] * 100
+    assert f"**The default loses {loss:.0f} points here**" in text
+    gained, lost = _discordant(list(zip(run["verdicts"][biased], run["verdicts"][default], strict=True)))
+    p = mcnemar_exact(gained, lost)
+    assert f"{gained} answers right only with it and {lost} only without (exact McNemar p={p:.2f})" in text
+
+
+def test_the_span_bias_sections_gpu_record_matches_its_results() -> None:
+    """docs/accuracy.md's `make test-gpu` record for the span bias: the commit and the counts."""
+    parts = [_result(f"gpu-test-h100-f66dd0b-{part}-suite.json") for part in ("gpu", "offload", "reference")]
+    assert all(p["commit"] == "f66dd0b" and not p["dirty"] and "H100" in p["device"] for p in parts)
+    assert not all(p["complete"] for p in parts)  # cut by the call's limit, as the section says
+    assert not any(t.startswith("tests/test_server_span_bias.py") for p in parts for t in p["tests"])
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    passed, failed = sum(p["passed"] for p in parts), sum(p["failed"] for p in parts)
+    assert failed == 0
+    assert (f"`make test-gpu` at f66dd0b on an H100 was cut by the call's limit with {passed} tests passed and "
+            "none failed") in doc
