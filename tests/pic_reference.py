@@ -14,12 +14,15 @@ the rule cannot drift apart.
 from __future__ import annotations
 
 import random
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
+from minipic_client import RagRequest, SpanClient
+from minipic_client.prompt import Technique
 from minipic_kernels.block_kinds import visible, weighed_by_span_bias
 from minipic_protocol.blocks import hidden_of_prompt, window_starts_of_prompt
 from minipic_protocol.compact import compact_positions_of_prompt, unread_of_prompt
@@ -222,3 +225,21 @@ def matches_reference(server: RunningServer, reference: HFReference, segments: l
     assert result.token_ids == expected_ids
     assert max_logprob_diff(result.top_logprobs, expected_tops) < LOGPROB_TOL
     return result
+
+
+async def client_layout_matches_reference(server: RunningServer, reference: HFReference,
+                                          technique: Technique | None) -> None:  # fmt: skip
+    """`SpanClient.rag` over three fresh notes laid out by ``technique`` (None: the default): it
+    reads every cacheable token the layout promises from the cache (its spans were prefilled
+    first) and answers as the reference does."""
+    tag = uuid.uuid4().hex[:8]
+    docs = [f"Note {i} of batch {tag}: the ferry leaves pier {i} at dawn, stops at the island "
+            f"and returns before the evening tide.\n" for i in range(3)]  # fmt: skip
+    request = RagRequest("Which pier?", docs, "Answer from the notes.", technique=technique, raw=True, max_tokens=4)
+    async with SpanClient(server.url) as client:
+        layout = client.rag_layout(request)
+        result = await client.rag(task=request.task, docs=docs, system=request.system, technique=technique,
+                                  raw=True, max_tokens=4)  # fmt: skip
+    assert result.cached_tokens == layout.cacheable_tokens
+    expected_ids, _ = reference.greedy_top_logprobs(segments_of(layout.token_ids), num_tokens=4)
+    assert result.token_ids == expected_ids

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -94,6 +96,34 @@ def test_tensor_visibility_equals_scalar_visibility() -> None:
         assert dense.tolist() == scalar_mask(prompt)
 
 
+@dataclass(frozen=True)
+class _RandomStep:
+    """Four requests over 16 physical blocks whose first tokens are random markers or text."""
+
+    first_tokens: list[int]
+    record: torch.Tensor
+    table: torch.Tensor
+    seq_lens: torch.Tensor
+    q_lens: torch.Tensor
+    qsl: torch.Tensor
+
+    def prompts(self) -> Iterator[tuple[list[int], int]]:
+        """Each request's prompt (a block's first token, then text) and query length."""
+        for r, (seq_len, q_len) in enumerate(zip(self.seq_lens.tolist(), self.q_lens.tolist())):
+            yield [t for b in self.table[r].tolist() for t in (self.first_tokens[b], 9, 9, 9)][:seq_len], q_len
+
+
+def _random_steps(rng: random.Random, count: int) -> Iterator[_RandomStep]:
+    for _ in range(count):
+        first_tokens = [rng.choice([SSEP, PDEP, HSEP, 9, 9, 9]) for _ in range(16)]
+        record = block_kinds_of_tokens(torch.tensor(first_tokens), *MARKERS)
+        table = torch.tensor([rng.sample(range(16), 8) for _ in range(4)])
+        seq_lens = torch.tensor([rng.randrange(1, 8 * B + 1) for _ in range(4)])
+        q_lens = torch.tensor([rng.randrange(1, int(s) + 1) for s in seq_lens])
+        qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
+        yield _RandomStep(first_tokens, record, table, seq_lens, q_lens, qsl)
+
+
 def test_tensor_span_bias_rule_equals_scalar_rule() -> None:
     rng = random.Random(3)
     for _ in range(100):
@@ -106,18 +136,11 @@ def test_tensor_span_bias_rule_equals_scalar_rule() -> None:
 def test_requests_weighing_span_keys_are_those_with_a_row_outside_spans_after_a_span() -> None:
     """Under a span bias: a final prompt's rows after its spans weigh them, a span prefill's rows
     (in its span, or before it) weigh nothing, and neither do junk table entries past a request."""
-    rng = random.Random(4)
-    for _ in range(300):
-        first_tokens = [rng.choice([SSEP, PDEP, HSEP, 9, 9, 9]) for _ in range(16)]
-        record = block_kinds_of_tokens(torch.tensor(first_tokens), *MARKERS)
-        table = torch.tensor([rng.sample(range(16), 8) for _ in range(4)])
-        seq_lens = torch.tensor([rng.randrange(1, 8 * B + 1) for _ in range(4)])
-        q_lens = torch.tensor([rng.randrange(1, int(s) + 1) for s in seq_lens])
-        qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
-        windows = window_starts_per_block(table, record, B)
-        flags = requests_weighing_span_keys(windows, qsl, seq_lens, B).tolist()
-        for r, (seq_len, q_len) in enumerate(zip(seq_lens.tolist(), q_lens.tolist())):
-            prompt = [t for b in table[r].tolist() for t in (first_tokens[b], 9, 9, 9)][:seq_len]
+    for step in _random_steps(random.Random(4), 300):
+        windows = window_starts_per_block(step.table, step.record, B)
+        flags = requests_weighing_span_keys(windows, step.qsl, step.seq_lens, B).tolist()
+        for r, (prompt, q_len) in enumerate(step.prompts()):
+            seq_len = len(prompt)
             starts = window_starts_of_prompt(prompt, B, *MARKERS)
             weighing = [any(weighed_by_span_bias(starts[q], starts[k]) for k in range(q))
                         for q in range(seq_len - q_len, seq_len)]  # fmt: skip
@@ -125,18 +148,11 @@ def test_requests_weighing_span_keys_are_those_with_a_row_outside_spans_after_a_
 
 
 def test_requests_with_masks_are_those_a_causal_kernel_gets_wrong() -> None:
-    rng = random.Random(2)
-    for _ in range(300):
-        first_tokens = [rng.choice([SSEP, PDEP, HSEP, 9, 9, 9]) for _ in range(16)]
-        record = block_kinds_of_tokens(torch.tensor(first_tokens), *MARKERS)
-        table = torch.tensor([rng.sample(range(16), 8) for _ in range(4)])
-        seq_lens = torch.tensor([rng.randrange(1, 8 * B + 1) for _ in range(4)])
-        q_lens = torch.tensor([rng.randrange(1, int(s) + 1) for s in seq_lens])
-        qsl = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(q_lens, 0)))
-        windows, hidden = window_starts_per_block(table, record, B), hidden_per_block(table, record)
-        flags = requests_with_masks(windows, hidden, qsl, seq_lens, B).tolist()
-        for r, (seq_len, q_len) in enumerate(zip(seq_lens.tolist(), q_lens.tolist())):
-            prompt = [t for b in table[r].tolist() for t in (first_tokens[b], 9, 9, 9)][:seq_len]
+    for step in _random_steps(random.Random(2), 300):
+        windows, hidden = window_starts_per_block(step.table, step.record, B), hidden_per_block(step.table, step.record)
+        flags = requests_with_masks(windows, hidden, step.qsl, step.seq_lens, B).tolist()
+        for r, (prompt, q_len) in enumerate(step.prompts()):
+            seq_len = len(prompt)
             rows = scalar_mask(prompt)[seq_len - q_len :]
             causal = [[k <= q for k in range(seq_len)] for q in range(seq_len - q_len, seq_len)]
             assert flags[r] == (rows != causal)

@@ -2670,6 +2670,17 @@ def test_a_hidden_repeat_matches_its_results() -> None:
             f"**{stock_tokens / cap:.2f}x at most**") in text  # fmt: skip
 
 
+def _emulation_section(run: dict, heading: str) -> str:
+    """The docs/accuracy.md section under ``heading``, its table rows checked against ``run``'s variants."""
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    section = doc[doc.index(heading) :]
+    section = section[: section.index("\n### ")]
+    for variant, r in run["variants"].items():
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}` |"))
+        assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+    return section
+
+
 def test_spans_weighed_down_over_ten_passages_match_their_results() -> None:
     """docs/accuracy.md's emulation of a span bias over ten ranked passages (CPU): the table rows of
     its section, the differences, the pairing against the default and the run's provenance."""
@@ -2677,12 +2688,7 @@ def test_spans_weighed_down_over_ten_passages_match_their_results() -> None:
     argv = run["provenance"]["argv"]
     assert run["provenance"]["commit"].startswith("ebc26f3") and not run["provenance"]["dirty"]
     assert argv[argv.index("--docs") + 1] == "10" and run["order"] == "ranked" and run["questions_asked"] == 150
-    doc = (ROOT / "docs/accuracy.md").read_text()
-    section = doc[doc.index("### Spans weighed down over ten passages"):]
-    section = section[: section.index("\n### ")]
-    for variant, r in run["variants"].items():
-        row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}` |"))
-        assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+    section = _emulation_section(run, "### Spans weighed down over ten passages")
     default, biased = (f"lead-text-repeat-hidden-refreshed4-heads+compact{bias}" for bias in ("", "+span-bias=-0.5"))
     text = " ".join(section.split())
     differences = [run["variants"][v]["vs_full"]["difference"] * 100 for v in (default, biased)]
@@ -2701,12 +2707,7 @@ def test_spans_weighed_down_with_the_answer_in_a_span_match_their_results() -> N
     run = _result("accuracy-emulation-ten-docs-shuffled-span-bias-smollm2-cpu.json")
     assert run["provenance"]["commit"].startswith("ca8f0eb") and not run["provenance"]["dirty"]
     assert run["order"] == "shuffled" and run["questions_asked"] == 150
-    doc = (ROOT / "docs/accuracy.md").read_text()
-    section = doc[doc.index("### Spans weighed down with the answer in a span"):]
-    section = section[: section.index("\n### ")]
-    for variant, r in run["variants"].items():
-        row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}` |"))
-        assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+    section = _emulation_section(run, "### Spans weighed down with the answer in a span")
     text = " ".join(section.split())
     answered = run["variants"]["full"]["questions"]
     minutes = round(sum(r["seconds"] for r in run["variants"].values()) / 60)

@@ -5,21 +5,20 @@ same whether the spans were prefilled first, never, moved or at their origin."""
 from __future__ import annotations
 
 import random
-import uuid
 
 import httpx
 import pytest
 
-from minipic_client import BlockAttention, RagRequest, SpanClient
+from minipic_client import BlockAttention
 
 from pic_reference import (
     TINY,
     HFReference,
+    client_layout_matches_reference,
     dependent,
     flatten,
     matches_reference,
     random_tokens,
-    segments_of,
     span,
     system,
 )
@@ -79,17 +78,7 @@ def test_refreshed_heads_read_compact_from_prefilled_spans(compact_server, refer
 
 @pytest.mark.parametrize("technique", [None, BlockAttention()], ids=["default", "block-attention"])
 async def test_the_clients_layouts_read_compact_through_the_server(compact_server, reference, technique) -> None:
-    tag = uuid.uuid4().hex[:8]
-    docs = [f"Note {i} of batch {tag}: the ferry leaves pier {i} at dawn, stops at the island "
-            f"and returns before the evening tide.\n" for i in range(3)]  # fmt: skip
-    request = RagRequest("Which pier?", docs, "Answer from the notes.", technique=technique, raw=True, max_tokens=4)
-    async with SpanClient(compact_server.url) as client:
-        layout = client.rag_layout(request)
-        result = await client.rag(task=request.task, docs=docs, system=request.system, technique=technique,
-                                  raw=True, max_tokens=4)  # fmt: skip
-    assert result.cached_tokens == layout.cacheable_tokens
-    expected_ids, _ = reference.greedy_top_logprobs(segments_of(layout.token_ids), num_tokens=4)
-    assert result.token_ids == expected_ids
+    await client_layout_matches_reference(compact_server, reference, technique)
 
 
 def test_the_compact_reading_changes_what_the_model_reads(compact_server, reference, tiny_model_dir) -> None:

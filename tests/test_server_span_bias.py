@@ -7,20 +7,19 @@ weighed and its cached blocks never depend on the bias."""
 from __future__ import annotations
 
 import random
-import uuid
 
 import httpx
 import pytest
 
-from minipic_client import BlockAttention, RagRequest, SpanClient
+from minipic_client import BlockAttention
 
 from pic_reference import (
     TINY,
     HFReference,
+    client_layout_matches_reference,
     dependent,
     matches_reference,
     random_tokens,
-    segments_of,
     span,
     system,
 )
@@ -81,14 +80,4 @@ def test_refreshed_heads_weighed_never_prefilled_then_cached_and_moved(biased_se
 
 @pytest.mark.parametrize("technique", [None, BlockAttention()], ids=["default", "block-attention"])
 async def test_the_clients_layouts_are_weighed_exactly_through_the_server(biased_server, reference, technique) -> None:
-    tag = uuid.uuid4().hex[:8]
-    docs = [f"Note {i} of batch {tag}: the ferry leaves pier {i} at dawn, stops at the island "
-            f"and returns before the evening tide.\n" for i in range(3)]  # fmt: skip
-    request = RagRequest("Which pier?", docs, "Answer from the notes.", technique=technique, raw=True, max_tokens=4)
-    async with SpanClient(biased_server.url) as client:
-        layout = client.rag_layout(request)
-        result = await client.rag(task=request.task, docs=docs, system=request.system, technique=technique,
-                                  raw=True, max_tokens=4)  # fmt: skip
-    assert result.cached_tokens == layout.cacheable_tokens
-    expected_ids, _ = reference.greedy_top_logprobs(segments_of(layout.token_ids), num_tokens=4)
-    assert result.token_ids == expected_ids
+    await client_layout_matches_reference(biased_server, reference, technique)
