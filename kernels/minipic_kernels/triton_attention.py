@@ -421,11 +421,10 @@ def _attend_rows(
     acc, m_i, l_i = _attend_keys(
         acc, m_i, l_i, q, q_first, q_second, q_pos, unread_rows, win_start, key_lo, key_hi, seq_len, qk_scale,
         span_bias, has_hidden, window_starts_ptr + req * stride_wsr, stride_wsb, bt_row_ptr, stride_btb, block_kind_ptr,
-        unread_head_ptr, unread_tail_ptr,
-        key_shift_ptr + req.to(tl.int64) * stride_ksr, stride_ksb, k_ptr + kv_head * stride_kh,
-        v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd, cos_sin_ptr,
-        stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES, KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, COMPACT,
-        DOT_PRECISION,
+        unread_head_ptr, unread_tail_ptr, key_shift_ptr + req.to(tl.int64) * stride_ksr, stride_ksb,
+        k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh, stride_kb, stride_ks, stride_kd, stride_vb,
+        stride_vs, stride_vd, cos_sin_ptr, stride_cs, HEAD, HEAD_P, ROT_HALF, IS_NEOX, MOVE, PAIR_HALVES,
+        KV_BLOCK_SIZE, BLOCK_N, TILE_BLOCKS, COMPACT, DOT_PRECISION,
     )  # fmt: skip
 
     if USE_SPLITS:
@@ -771,8 +770,7 @@ def launch(
         if decode:
             _decode_kernel[(num_tiles, num_kv_heads, splits)](
                 *head_args, part_acc, part_ml, work.scale * _LOG2E, score_bias, num_reqs, splits, *strides, **shape,
-                **variant,
-                USE_SPLITS=splits > 1,
+                **variant, USE_SPLITS=splits > 1,
             )  # fmt: skip
         else:
             _prefill_kernel[(num_tiles, num_kv_heads)](
