@@ -289,7 +289,8 @@ def paged_rope_attention(
             page_bytes=2 * key_cache[0].numel() * key_cache.element_size(),
             scratch_budget_bytes=scratch_budget_bytes,
         )
-    plan = plan.routed(step, weighing_requests(step, query_start_loc, seq_lens, block_size, span_bias))
+    if plan.routes is None:  # routed once per step (`block_records.derive_step`), not again in every layer
+        plan = plan.routed(step, weighing_requests(step, query_start_loc, seq_lens, block_size, span_bias))
     work = TileLaunch(
         query, key_cache, value_cache, block_table, block_kind, block_origin, step.key_shift, step.moved, step.hidden,
         query_start_loc, seq_lens, step.window_starts, cos_sin, rotary_dim, bool(is_neox), float(scale),
