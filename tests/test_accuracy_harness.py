@@ -12,7 +12,7 @@ import minipic_client
 from minipic_client import BlockAttention, Epic, LeadInContext, Tokenizer
 from minipic_client.prompt import Dependent, Span, Text
 
-from accuracy import STOCK, family_counts, summarise
+from accuracy import STOCK, family_counts, server_variants, summarise
 from accuracy_families import (
     FAMILIES,
     Corpus,
@@ -243,6 +243,21 @@ def test_summary_compares_each_layout_with_full():
     assert summary["block"]["tokens"]["server_computed_vs_full"] == 0.5
     assert summary["block"]["accuracy_by_kind"] == {"born": 0.5, "died": 0.5}
     assert summary["block"]["same_text_as_stock"] == 0.25 and summary[STOCK]["vs_full"]["same_text"] == 1.0
+
+
+def test_server_variants_add_their_arguments_and_name_their_passes():
+    base = ["--dtype", "bfloat16"]
+    variants = server_variants([("bias", "--span-bias -0.5"), ("eager", "--enforce-eager")], base)
+    assert variants == {"bias": [*base, "--span-bias", "-0.5"], "eager": [*base, "--enforce-eager"]}
+    for bad in ([("a@b", "--x")], [("bias", "")], [("bias", "--x"), ("bias", "--y")]):
+        with pytest.raises(SystemExit, match="--server-variant"):
+            server_variants(bad, base)
+    qs = [Question("q", "f", "born", "?", "1900", (), (0,), (0,), 0.0)]
+    passes = {"full": PassResult(["1900"], TokenLedger(), 1.0), "block@bias": PassResult(["no"], TokenLedger(), 1.0)}
+    passes["full"].ledger.add("final", 10, 0)
+    passes["block@bias"].ledger.add("final", 10, 5)
+    row = summarise(qs, passes)["block@bias"]
+    assert row["accuracy"] == 0.0 and row["description"].endswith("(server variant bias)")
 
 
 def test_layouts_build_their_techniques():
