@@ -286,7 +286,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=150)
     parser.add_argument("--docs", type=int, default=6, help="passages per prompt, the answering ones included")
     parser.add_argument("--variants", nargs="+", default=["full", "refreshed"])
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=32,
+                        help="as accuracy.py's: the model states a synthetic code late in its sentence")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--order", choices=ORDERS, default="shuffled", help=ORDER_HELP)
     parser.add_argument("--device", default="cpu", help="torch device of the transformers model, e.g. cuda")
@@ -352,6 +353,7 @@ def main() -> None:
         print(f"{variant:36} {correct}/{asked}  {report[variant]['vs_full']['difference']:+.3f}", flush=True)
     result = {"provenance": source, "model": args.model.name, "family": args.family, "order": args.order,
               "dtype": "float32", "device": args.device, "questions_asked": len(questions),
+              "docs_per_prompt": args.docs, "max_tokens": args.max_tokens,
               "markers": {"ssep": info.ssep_token_id, "pdep": info.pdep_token_id, "pad": info.pad_token_id,
                           "hsep": info.hsep_token_id},
               "variants": report, "verdicts": verdicts}  # fmt: skip
