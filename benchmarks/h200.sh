@@ -125,12 +125,30 @@ test-gpu-halves|test-gpu-parts)
         /tmp/*-suite/pytest-of-*/pytest-current/server-logs* 2>/dev/null
     exit $status ;;
 accuracy)
+    # The family harness (benchmarks/accuracy.py) to $OUT/accuracy-families-smollm2-h200.json; with
+    # ORDERS (e.g. "ranked shuffled"), one harness per passage order side by side, each with
+    # --share-gpu, to $OUT/accuracy-families-smollm2-ORDER-h200.json, their logs in one archive.
+    # Side by side in one step, not one h200.sh per run: a step's exit stops every server.
     smollm2_model || exit 1
-    timeout "$left" python3 benchmarks/accuracy.py --model "$ACCURACY_MODEL" \
-        --passages /tmp/2wiki_passages.json --out "$OUT/accuracy-families-smollm2-h200.json" \
-        --log "$OUT/accuracy-server.log" \
-        --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
-        2>&1 | tee "$OUT/accuracy.log" | grep -v Warning ;;
+    run_accuracy() {
+        local name=$1
+        shift
+        timeout "$left" python3 benchmarks/accuracy.py --model "$ACCURACY_MODEL" \
+            --passages /tmp/2wiki_passages.json --out "$OUT/$name.json" --log "$OUT/$name-server.log" \
+            --server-args "--dtype bfloat16 --block-size 16 --max-model-len 4096 --max-num-seqs 256 --seed 0" "$@" \
+            2>&1 | tee "$OUT/$name.log" | grep -v Warning
+    }
+    if [ -z "${ORDERS:-}" ]; then
+        run_accuracy accuracy-families-smollm2-h200 "$@"
+    else
+        for order in $ORDERS; do
+            run_accuracy "accuracy-families-smollm2-$order-h200" --order "$order" --share-gpu "$@" \
+                >"$OUT/accuracy-$order.out" &
+        done
+        wait
+        cat "$OUT"/accuracy-*.out
+        (cd "$OUT" && tar -czf accuracy-logs.tar.gz --remove-files ./*.log ./*.out)
+    fi ;;
 emulation)
     # A visibility rule tried in transformers before it is built (`accuracy_emulation.py`), on the
     # GPU: the prompts laid out by an fp32 `minipic serve`, then answered with the model on cuda;
