@@ -2792,3 +2792,44 @@ def test_the_served_span_bias_over_ten_passages_matches_its_results() -> None:
     assert (f"`--span-bias -0.5` keeps SmolLM2 with the default layout within {worst:.1f} points of full "
             f"attention on every family, where without it the layout loses up to "
             f"{max(-points(DEFAULT_LAYOUT, f) for f in FAMILIES):.1f} (H100)") in readme
+
+
+def test_spans_weighed_down_over_six_ranked_passages_match_their_results() -> None:
+    """docs/accuracy.md's emulation of the span bias over six ranked passages (CPU, single and synthetic
+    facts): the table rows, the questions answered, the minutes, the pairings against the default and
+    the answer length the runs took."""
+    single, synthetic = (_result(f"accuracy-emulation-six-docs{family}-span-bias-smollm2-cpu.json")
+                         for family in ("", "-synthetic"))  # fmt: skip
+    heading = "### Spans weighed down over six ranked passages"
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    section = doc[doc.index(heading) :]
+    section = section[: section.index("\n### ", 1)]
+    text = " ".join(section.split())
+    default, biased = (f"lead-text-repeat-hidden-refreshed4-heads+compact{bias}" for bias in ("", "+span-bias=-0.5"))
+    pairings = []
+    assert single["provenance"]["commit"].startswith("c853e89") and not single["provenance"]["dirty"]
+    # started in the second d85ebda was committed (its tree), recorded as its parent, dirty
+    assert synthetic["provenance"]["commit"].startswith("37e7def") and synthetic["provenance"]["dirty"]
+    assert synthetic["provenance"]["date"] == "2026-12-07T20:09:55Z"
+    for run, family, title in ((single, "single", "Single facts:"), (synthetic, "synthetic", "Synthetic facts:")):
+        assert (run["family"], run["order"], run["docs_per_prompt"], run["max_tokens"]) == (family, "ranked", 6, 32)
+        table = section[section.index(title) :]
+        for variant, r in run["variants"].items():
+            row = next(line for line in table.splitlines() if line.startswith(f"| `{variant}` |"))
+            assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+        gained, lost = _discordant(list(zip(run["verdicts"][biased], run["verdicts"][default], strict=True)))
+        pairings.append((gained, lost, mcnemar_exact(gained, lost)))
+    minutes = [round(sum(r["seconds"] for r in run["variants"].values()) / 60) for run in (single, synthetic)]
+    answered = single["variants"]["full"]["questions"]
+    assert (f"single-fact questions ({answered} of 150 answered by the deadline, {minutes[0]} minutes) and "
+            f"synthetic ones (all {synthetic['variants']['full']['questions']}, {minutes[1]} minutes)") in text
+    (g1, l1, p1), (g2, l2, p2) = pairings
+    assert (f"paired {g1} single facts right only with it and {l1} only without (exact McNemar p={p1:.3f}), "
+            f"synthetic {g2} against {l2} (p={p2:.3f})") in text
+    cut, whole = (_result(f"accuracy-emulation-synthetic-max-tokens-{n}-smollm2-cpu.json") for n in (24, 32))
+    assert (cut["max_tokens"], whole["max_tokens"], cut["docs_per_prompt"], cut["order"]) == (24, 32, 10, "ranked")
+    asked = cut["variants"]["full"]["questions"]
+    assert whole["variants"]["full"]["questions"] == asked
+    right = [run["variants"]["full"]["correct"] for run in (cut, whole)]
+    assert (f"on {asked} ranked ten-passage synthetic questions full attention answered {right[0]} at 24 tokens "
+            f"and {right[1]} at 32") in text
