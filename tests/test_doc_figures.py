@@ -2672,13 +2672,15 @@ def test_a_hidden_repeat_matches_its_results() -> None:
             f"**{stock_tokens / cap:.2f}x at most**") in text  # fmt: skip
 
 
-def _emulation_section(run: dict, heading: str) -> str:
-    """The docs/accuracy.md section under ``heading``, its table rows checked against ``run``'s variants."""
+def _emulation_section(run: dict, heading: str, table: str = "") -> str:
+    """The docs/accuracy.md section under ``heading``, its table rows (the first table after ``table``
+    in it, for a section with several) checked against ``run``'s variants."""
     doc = (ROOT / "docs/accuracy.md").read_text()
     section = doc[doc.index(heading) :]
     section = section[: section.index("\n### ")]
+    rows = section[section.index(table) :].splitlines()
     for variant, r in run["variants"].items():
-        row = next(line for line in section.splitlines() if line.startswith(f"| `{variant}` |"))
+        row = next(line for line in rows if line.startswith(f"| `{variant}` |"))
         assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
     return section
 
@@ -2801,10 +2803,6 @@ def test_spans_weighed_down_over_six_ranked_passages_match_their_results() -> No
     single, synthetic = (_result(f"accuracy-emulation-six-docs{family}-span-bias-smollm2-cpu.json")
                          for family in ("", "-synthetic"))  # fmt: skip
     heading = "### Spans weighed down over six ranked passages"
-    doc = (ROOT / "docs/accuracy.md").read_text()
-    section = doc[doc.index(heading) :]
-    section = section[: section.index("\n### ", 1)]
-    text = " ".join(section.split())
     default, biased = (f"lead-text-repeat-hidden-refreshed4-heads+compact{bias}" for bias in ("", "+span-bias=-0.5"))
     pairings = []
     assert single["provenance"]["commit"].startswith("c853e89") and not single["provenance"]["dirty"]
@@ -2813,10 +2811,7 @@ def test_spans_weighed_down_over_six_ranked_passages_match_their_results() -> No
     assert synthetic["provenance"]["date"] == "2026-12-07T20:09:55Z"
     for run, family, title in ((single, "single", "Single facts:"), (synthetic, "synthetic", "Synthetic facts:")):
         assert (run["family"], run["order"], run["docs_per_prompt"], run["max_tokens"]) == (family, "ranked", 6, 32)
-        table = section[section.index(title) :]
-        for variant, r in run["variants"].items():
-            row = next(line for line in table.splitlines() if line.startswith(f"| `{variant}` |"))
-            assert all(f"| {cell} |" in row for cell in _emulation_cells(variant, r)), (variant, row)
+        text = " ".join(_emulation_section(run, heading, table=title).split())
         gained, lost = _discordant(list(zip(run["verdicts"][biased], run["verdicts"][default], strict=True)))
         pairings.append((gained, lost, mcnemar_exact(gained, lost)))
     minutes = [round(sum(r["seconds"] for r in run["variants"].values()) / 60) for run in (single, synthetic)]
