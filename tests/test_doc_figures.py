@@ -1813,12 +1813,17 @@ DEFAULT_LAYOUT, FOUR_LAYOUT = "lead_text_repeat_hidden_refreshed4_heads", "lead_
 FAMILIES = ("single", "bridge", "synthetic")
 
 
+def _and(figures: Iterable[str]) -> str:
+    """Three figures as the docs list them: "+5.7, -1.3 and -3.2"."""
+    first, second, third = figures
+    return f"{first}, {second} and {third}"
+
+
 def _losses(name: str, layout: str) -> str:
     """A layout's points lost against full attention on the three families, as the docs list
     them: "9.4, 3.0 and 14.4"."""
     families = _result(name)["families"]
-    first, second, third = (f"{-families[f]['summary'][layout]['vs_full']['difference'] * 100:.1f}" for f in FAMILIES)
-    return f"{first}, {second} and {third}"
+    return _and(f"{-families[f]['summary'][layout]['vs_full']['difference'] * 100:.1f}" for f in FAMILIES)
 
 
 def test_the_knob_at_a_glance_matches_its_results() -> None:
@@ -2738,12 +2743,6 @@ def test_the_span_bias_sections_gpu_record_matches_its_results() -> None:
     assert failed == 0
     assert (f"`make test-gpu` at c853e89 (server and kernels as at 1641c50) on an H100, its three parts side by "
             f"side in one call: {passed} tests passed, none failed, the span-bias server tests among them") in doc
-
-
-def _and(figures: Iterable[str]) -> str:
-    """Three figures as the docs list them: "+5.7, -1.3 and -3.2"."""
-    first, second, third = figures
-    return f"{first}, {second} and {third}"
 
 
 SPAN_BIAS_RUN = "accuracy-families-smollm2-h100-ranked-10-docs-span-bias.json.gz"  # c853e89
