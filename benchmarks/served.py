@@ -98,14 +98,17 @@ class Server:
 
 
 # The pic-N servers read pads and markers plainly (`--no-compact`), as every figure before the compact
-# reading became `minipic serve`'s default; pic-256-compact serves that default (docs/accuracy.md).
+# reading became `minipic serve`'s default; pic-256-compact serves that default (docs/accuracy.md),
+# pic-256-span-bias that default with the span bias docs/accuracy.md measures.
 PLAIN_READING = ("--no-compact",)
+SPAN_BIAS = ("--compact", "--span-bias", "-0.5")
 SERVERS = {
     "stock": Server("stock", False, 256),  # vLLM's default backend (FA3 on Hopper; the CPU one here)
     "stock-fa3": Server("stock-fa3", False, 256, "FLASH_ATTN"),
     "stock-triton": Server("stock-triton", False, 256, "TRITON_ATTN"),
     "pic-256": Server("pic-256", True, 256, flags=PLAIN_READING),
     "pic-256-compact": Server("pic-256-compact", True, 256, flags=("--compact",)),
+    "pic-256-span-bias": Server("pic-256-span-bias", True, 256, flags=SPAN_BIAS),
     "pic-64": Server("pic-64", True, 64, flags=PLAIN_READING),
     "pic-1024": Server("pic-1024", True, 1024, flags=PLAIN_READING),
 }
@@ -121,6 +124,7 @@ ROWS = {
         ("minipic batched", Strategy.BATCHED),
     ],
     "pic-256-compact": [("minipic ISPS --compact, max-num-seqs 256", Strategy.ISPS)],
+    "pic-256-span-bias": [("minipic ISPS --compact --span-bias -0.5, max-num-seqs 256", Strategy.ISPS)],
     "pic-64": [("minipic ISPS, max-num-seqs 64", Strategy.ISPS)],
     "pic-1024": [("minipic ISPS, max-num-seqs 1024", Strategy.ISPS)],
 }
