@@ -31,7 +31,7 @@ import random
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,23 @@ SERVER_ARGS = ("--dtype", "bfloat16", "--block-size", "16", "--max-model-len", "
 # (it checks --gpu-memory-utilization even when the KV cache is fixed), so harnesses side by side fit.
 SHARED_GPU_ARGS = ("--kv-cache-memory-bytes", str(8 << 30), "--gpu-memory-utilization", "0.4")
 COUNTER_SETTLE_S = 0.5  # vLLM updates its counters just after it answers
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server of a run, started after the one before stopped: its vLLM arguments, its log and
+    the layouts it answers."""
+
+    argv: list[str]
+    log: Path
+    layouts: list[str]
+    variant: str | None = None  # a --server-variant: its passes reported as LAYOUT@VARIANT
+    stock: bool = False  # stock `vllm serve`: its full pass reported as STOCK
+
+    def reported_as(self, layout: str) -> str:
+        if self.stock:
+            return STOCK
+        return f"{layout}{VARIANT_MARK}{self.variant}" if self.variant else layout
 
 
 async def run(
@@ -207,40 +224,46 @@ def main() -> None:
     options = {"tokenizer": tokenizer, "longest": longest, "max_tokens": args.max_tokens, "run_id": run_id}
 
     started, source = time.perf_counter(), provenance()  # the tree the run starts from, not the one it ends in
-    with local_server(args.model, server_args, args.log) as url:
-        results = asyncio.run(run(url, families, corpus, layouts, **options))
-    for variant, variant_args in variants.items():
-        with local_server(args.model, variant_args, args.log.with_suffix(f".{variant}.log")) as url:
-            answered = asyncio.run(run(url, families, corpus, layouts[1:], **options))
-        for family, passes in answered.items():
-            results[family] |= {f"{layout}{VARIANT_MARK}{variant}": p for layout, p in passes.items()}
-    if args.stock:
-        with local_server(args.model, server_args, args.log.with_suffix(".stock.log"), stock=True) as url:
-            stock = asyncio.run(run(url, families, corpus, ["full"], **options, allow_stock_server=True,
-                                    max_in_flight=_max_num_seqs(server_args)))  # fmt: skip
-        for family, passes in stock.items():
-            results[family][STOCK] = passes["full"]
-    elapsed = time.perf_counter() - started
 
-    report = {
-        "schema": SCHEMA,
-        "meta": {
-            **source, "model": args.model.name, "server_args": server_args, "system": SYSTEM,
-            "passages_file": args.passages.name, "passages_sha256": hashlib.sha256(raw).hexdigest(),
-            "passages_usable": f"{len(corpus.usable)} of {len(passages)}", "seed": args.seed, "order": args.order,
-            "server_variants": variants,
-            "questions_per_family": {name: len(qs) for name, qs in families.items()},
-            "docs_per_prompt": args.docs, "pool": args.pool,
-            "max_passage_tokens": args.max_passage_tokens, "max_tokens": args.max_tokens,
-            "cache_isolation": f"cache_salt '{run_id}:<family>:<layout>' per pass, passes run one at a time",
-            "elapsed_s": round(elapsed, 1),
-        },
-        "families": {name: family_report(name, qs, results[name], lengths) for name, qs in families.items()},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_result(args.out, report)  # ``--out NAME.json.gz``: compressed
+    def save(results: dict[str, dict[str, PassResult]], complete: bool) -> dict[str, Any]:
+        """The report of the passes answered so far, written after each server: a run cut short
+        by its deadline keeps them (``meta.complete`` false until every server has answered)."""
+        report = {
+            "schema": SCHEMA,
+            "meta": {
+                **source, "model": args.model.name, "server_args": server_args, "system": SYSTEM,
+                "passages_file": args.passages.name, "passages_sha256": hashlib.sha256(raw).hexdigest(),
+                "passages_usable": f"{len(corpus.usable)} of {len(passages)}", "seed": args.seed,
+                "order": args.order, "server_variants": variants,
+                "questions_per_family": {name: len(qs) for name, qs in families.items()},
+                "docs_per_prompt": args.docs, "pool": args.pool,
+                "max_passage_tokens": args.max_passage_tokens, "max_tokens": args.max_tokens,
+                "cache_isolation": f"cache_salt '{run_id}:<family>:<layout>' per pass, passes run one at a time",
+                "elapsed_s": round(time.perf_counter() - started, 1), "complete": complete,
+            },
+            "families": {name: family_report(name, qs, results[name], lengths) for name, qs in families.items()},
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_result(args.out, report)  # ``--out NAME.json.gz``: compressed
+        return report
+
+    servers = [
+        Server(server_args, args.log, layouts),
+        *(Server(argv, args.log.with_suffix(f".{variant}.log"), layouts[1:], variant=variant)
+          for variant, argv in variants.items()),
+        *([Server(server_args, args.log.with_suffix(".stock.log"), ["full"], stock=True)] if args.stock else []),
+    ]
+    results: dict[str, dict[str, PassResult]] = {name: {} for name in families}
+    for n, server in enumerate(servers):
+        with local_server(args.model, server.argv, server.log, stock=server.stock) as url:
+            stock_options = {"allow_stock_server": True, "max_in_flight": _max_num_seqs(server.argv)}
+            answered = asyncio.run(run(url, families, corpus, server.layouts, **options,
+                                       **(stock_options if server.stock else {})))  # fmt: skip
+        for family, passes in answered.items():
+            results[family] |= {server.reported_as(layout): p for layout, p in passes.items()}
+        report = save(results, complete=n == len(servers) - 1)
     print_table(report)
-    print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
+    print(f"wrote {args.out} ({report['meta']['elapsed_s'] / 60:.1f} min)")
 
 
 def family_report(name: str, questions: list[Question], passes: dict[str, PassResult],

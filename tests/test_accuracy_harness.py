@@ -12,7 +12,7 @@ import minipic_client
 from minipic_client import BlockAttention, Epic, LeadInContext, Tokenizer
 from minipic_client.prompt import Dependent, Span, Text
 
-from accuracy import STOCK, family_counts, server_variants, summarise
+from accuracy import STOCK, Server, family_counts, server_variants, summarise
 from accuracy_families import (
     FAMILIES,
     Corpus,
@@ -258,6 +258,13 @@ def test_server_variants_add_their_arguments_and_name_their_passes():
     passes["block@bias"].ledger.add("final", 10, 5)
     row = summarise(qs, passes)["block@bias"]
     assert row["accuracy"] == 0.0 and row["description"].endswith("(server variant bias)")
+
+
+def test_each_server_reports_its_passes_under_its_own_names(tmp_path):
+    log = tmp_path / "server.log"
+    assert Server([], log, ["full", "block"]).reported_as("block") == "block"
+    assert Server([], log, ["block"], variant="bias").reported_as("block") == "block@bias"
+    assert Server([], log, ["full"], stock=True).reported_as("full") == STOCK
 
 
 def test_layouts_build_their_techniques():
