@@ -250,6 +250,7 @@ FIGURES = (
     ("served-h100-table1-58114de-compact.json", "served-table1-58114de-compact.png", served_table1),
     ("served-h100-table1-a9f9d27-refreshed4.json", "served-table1-a9f9d27-refreshed4.png", served_table1),
     ("served-h100-table1-b5ffa0a-hidden-refreshed4.json", "served-table1-b5ffa0a-hidden-refreshed4.png", served_table1),
+    ("served-h100-table1-cd7cd47-span-bias.json", "served-table1-cd7cd47-span-bias.png", served_table1),
     ("served-h200-spans.json", "served-figure2.png", served_figure2),
     ("attention-h200.json", "attention-kernel.png", attention),
     ("client-concurrency-cpu.json", "client-concurrency.png", client_concurrency),

@@ -69,6 +69,7 @@ ACCURACY_TABLE_ROWS = {
     "accuracy-families-smollm2-h100-ranked-10-docs.json.gz": 15,  # ten passages: 3 families x 5 layouts
     "accuracy-families-smollm2-h100-ranked-10-docs-block.json.gz": 6,  # ten passages: full, Block-Attention
     "accuracy-families-smollm2-h100-ranked-10-docs-span-bias.json.gz": 15,  # 3 families x (full, 2 layouts x 2 servers)
+    "accuracy-families-smollm2-h100-ranked-10-docs-span-bias-no-lead.json.gz": 21,  # 3 x (full, 3 layouts x 2 servers)
 }
 
 
@@ -2793,6 +2794,80 @@ def test_the_served_span_bias_over_ten_passages_matches_its_results() -> None:
     assert (f"`--span-bias -0.5` keeps SmolLM2 with the default layout within {worst:.1f} points of full "
             f"attention on every family, where without it the layout loses up to "
             f"{max(-points(DEFAULT_LAYOUT, f) for f in FAMILIES):.1f} (H100)") in readme
+
+
+NO_LEAD_RUN = "accuracy-families-smollm2-h100-ranked-10-docs-span-bias-no-lead.json.gz"  # cd7cd47
+SPAN_BIAS_TABLE1 = "served-h100-table1-cd7cd47-span-bias.json"
+SPAN_BIAS_ISPS = "minipic ISPS --compact --span-bias -0.5, max-num-seqs 256"  # `served.py`'s pic-256-span-bias row
+
+
+def _points(run: dict, layout: str, family: str) -> float:
+    return run["families"][family]["summary"][layout]["vs_full"]["difference"] * 100
+
+
+def test_layouts_without_the_lead_text_under_the_span_bias_match_their_results() -> None:
+    """docs/accuracy.md's served run of refreshed heads and the hidden sink with and without the bias
+    over ten ranked passages: their losses, computed shares and single-fact accuracy, the default's
+    reproduction and pairings, full attention's synthetic score in both runs, and the minutes."""
+    run, earlier = _result(NO_LEAD_RUN), _result(SPAN_BIAS_RUN)
+    assert run["meta"]["commit"] == "cd7cd47" and run["meta"]["complete"] and run["meta"]["docs_per_prompt"] == 10
+    assert run["meta"]["server_variants"]["bias"][-2:] == ["--span-bias", "-0.5"]
+    doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    section = doc[doc.index("### Only the default gains") : doc.index("## A hidden repeat")]
+    assert f"one H100 call ({run['meta']['elapsed_s'] / 60:.1f} minutes)" in section
+
+    def lost(layout: str) -> str:
+        return _and(f"{-_points(run, layout, f):.1f}" for f in FAMILIES)
+
+    assert (f"refreshed heads lose {lost('refreshed_heads')} points and the hidden sink {lost('hidden_sink')}; "
+            f"with the bias {lost('refreshed_heads@bias')} and {lost('hidden_sink@bias')}") in section
+    sink = run["families"]["single"]["summary"]["hidden_sink"]
+    heads = run["families"]["single"]["summary"]["refreshed_heads"]
+    assert (f"computes {sink['tokens']['computed_vs_full']:.2f} of full attention's tokens on single facts, the "
+            f"knob's fast end, and answers {sink['accuracy']:.1%} of them; refreshed heads compute "
+            f"{heads['tokens']['computed_vs_full']:.2f}") in section
+
+    def signed(source: dict, layout: str) -> str:
+        return _and(f"{_points(source, layout, f):+.1f}" for f in FAMILIES)
+
+    biased = f"{DEFAULT_LAYOUT}@bias"
+    assert (f"{signed(run, DEFAULT_LAYOUT)} points without the bias ({signed(earlier, DEFAULT_LAYOUT)} in the run "
+            f"above), {signed(run, biased)} with it ({signed(earlier, biased)} there)") in section
+    (g1, l1, p1), (g2, l2, p2), (g3, l3, p3) = (
+        _pairing((q["answers"] for q in run["families"][f]["questions"]), biased, DEFAULT_LAYOUT) for f in FAMILIES)
+    assert (f"{g1} single facts right only with it and {l1} only without ({p1}), bridge {g2} against {l2} ({p2}), "
+            f"synthetic {g3} against {l3} ({p3})") in section
+    full = [r["families"]["synthetic"]["summary"]["full"]["accuracy"] for r in (run, earlier)]
+    assert f"Full attention answers {full[0]:.1%} of the synthetic questions here and {full[1]:.1%} there" in section
+
+
+def test_table1_with_the_span_bias_matches_its_results() -> None:
+    """docs/benchmarks.md's Table 1 with the span bias (H100): the ratio, its distance from the layout's
+    ratio without the bias at b5ffa0a, the cached share and token rates, the cut server and the
+    corrected commit; the same figures where docs/accuracy.md and README.md quote them."""
+    provenance = _result(SPAN_BIAS_TABLE1)["provenance"]
+    assert provenance["commit"] == "cd7cd47" and "0b6e25c" in provenance["commit_note"]
+    assert provenance["device"] == "NVIDIA H100 80GB HBM3"
+    assert not any(r["server"] == "pic-256-compact" for r in _result(SPAN_BIAS_TABLE1)["table1"])  # cut, as it says
+    ours, stock = (_table1_medians(SPAN_BIAS_TABLE1, row)[1] for row in (SPAN_BIAS_ISPS, STOCK_FA3))
+    before, before_stock = (_table1_medians(HIDDEN_RUN, row)[1] for row in (COMPACT_ISPS, STOCK_FA3))
+    ratio, without = (o["samples_per_s"] / s["samples_per_s"] for o, s in ((ours, stock), (before, before_stock)))
+    below = f"{1 - ratio / without:.1%} below the ratio the"
+    text = " ".join((ROOT / "docs/benchmarks.md").read_text().split())
+    assert f"## Latest: Table 1 with the span bias, {ratio:.2f}x stock on an H100 (commit cd7cd47)" in text
+    assert (f"**{ratio:.2f}x stock with the bias**, {below} same layout reached without it at b5ffa0a "
+            f"({without:.2f}x, the next section") in text
+    assert (f"the same {ours['final_cached_fraction']:.1%} of the final prompts' tokens found cached, "
+            f"{ours['computed_prompt_tokens_per_s']:,.0f} computed prompt tokens/s against stock's "
+            f"{stock['computed_prompt_tokens_per_s']:,.0f}") in text
+    accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
+    assert f"runs Table 1 at {ratio:.2f}x stock on an H100 with the default layout" in accuracy
+    assert (f"{ratio:.2f}x stock with `-0.5`, where the layout ran {without:.2f}x without it in another lease "
+            "(docs/benchmarks.md, commit cd7cd47") in accuracy
+    assert f"runs at {ratio:.2f}x stock FA3 in the same call, {below} layout reached without the bias" in accuracy
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"and Table 1 runs at {ratio:.2f}x stock with it ({without:.2f}x without it, another H100 lease)"
+            in readme)
 
 
 def test_spans_weighed_down_over_six_ranked_passages_match_their_results() -> None:
