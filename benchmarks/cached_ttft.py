@@ -47,6 +47,7 @@ from served import (  # noqa: E402
     passages_as_docs,
     profile_dir,
     profiled,
+    require_py_spy,
     running,
 )
 from workload import SYSTEM  # noqa: E402
@@ -139,6 +140,8 @@ def main() -> None:
     parser.add_argument("--gpu-profile", action="store_true", help="a window of engine steps under torch's profiler")
     parser.add_argument("--gpu-profile-steps", type=int, default=10)
     args = parser.parse_args()
+    if not args.no_profile:
+        require_py_spy(parser)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     from transformers import AutoTokenizer
 

@@ -3,8 +3,8 @@
 # ../shared/device/README.md, whose first call `tools/device-halves.sh` splits in two when the
 # checkout no longer fits beside it). Carry: .devbundle/b, .devdata (Llama-3.1-8B config.json,
 # the Llama 3 tokenizer's tokenizer.json.xz + tokenizer_config.json, 2wiki_passages.json.xz)
-# and .whl (the SDK's httpx-sse and httpx-aiohttp, py-spy for --profile): `bash
-# tools/device-carry.sh` makes both. Usage, from the repository root:
+# and .whl (the SDK's httpx-sse and httpx-aiohttp), and .whl-profile (py-spy) for --profile and
+# ttft only: `bash tools/device-carry.sh` makes the three. Usage, from the repository root:
 #   source .devbundle/b/setup.sh && bash benchmarks/h200.sh kernel|served|ttft|replicas|load|test-gpu|test-gpu-halves|test-gpu-parts|accuracy|emulation [its args...]
 # Results and logs go to $OUT (default /tmp/minipic-out). DEADLINE (epoch seconds, default
 # now + 570) bounds the step, so servers are always stopped before a device call's limit.
@@ -15,8 +15,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || {
     echo "pip install -e . failed: see install.log"; exit 1; }
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/minipic-tools .whl/*.whl \
+if compgen -G ".whl*/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/minipic-tools .whl*/*.whl \
         >>"$OUT/install.log" 2>&1
     export PATH="/tmp/minipic-tools/bin:$PATH" PYTHONPATH="${PYTHONPATH:-}:/tmp/minipic-tools"
 fi

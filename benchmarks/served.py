@@ -43,6 +43,7 @@ import itertools
 import json
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -388,6 +389,13 @@ PYSPY_RATE = 100  # py-spy's samples per second (`profiled`)
 PYSPY_GRACE_S = 30  # how long past its duration py-spy may take to write its profile
 
 
+def require_py_spy(parser: argparse.ArgumentParser) -> None:
+    """Refuse a profiling run before any server starts where py-spy is missing (on the device it
+    comes from `.whl-profile`, carried only for profiling runs)."""
+    if shutil.which("py-spy") is None:
+        parser.error("py-spy is not installed: carry .whl-profile (bash tools/device-carry.sh) or profile nothing")
+
+
 @contextmanager
 def profiled(process: subprocess.Popen, path: Path, seconds: int, enabled: bool) -> Iterator[None]:
     """py-spy over the server and its engine process while the block runs."""
@@ -592,6 +600,8 @@ def main() -> None:
     parser.add_argument("--timeline-interval", type=float, default=0.25, help="seconds between samples")
     parser.add_argument("--small-requests", type=int, default=600)
     args = parser.parse_args()
+    if args.profile:
+        require_py_spy(parser)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sys.exit(asyncio.run(main_async(args)))
 

@@ -109,3 +109,18 @@ def test_the_client_overhead_benchmark_runs(tiny_model_dir: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"prompt: \d+ tokens \(2 docs, 3 prefills\)", done.stdout), done.stdout
     assert re.search(r"rag call +p50 [\d.]+ ms", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("script, profile", [("served.py", ["--profile"]), ("cached_ttft.py", [])])
+def test_a_profiling_run_without_py_spy_stops_before_any_server(script: str, profile: list[str], tmp_path: Path,
+                                                                 passages: Path) -> None:  # fmt: skip
+    """py-spy travels to the device only for profiling runs (`.whl-profile`): without it a run that
+    profiles stops at once with one line, rather than after a server's start."""
+    command = [sys.executable, str(REPO / "benchmarks" / script), "--model", "m", "--tokenizer", "m",
+               "--passages", str(passages), "--out", str(tmp_path / "out.json"), *profile]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, timeout=120, capture_output=True, text=True,
+                          env={**os.environ, "PATH": str(tmp_path)})  # no py-spy on it  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "py-spy is not installed: carry .whl-profile (bash tools/device-carry.sh) or profile nothing")
+    assert not (tmp_path / "out.json").exists()
