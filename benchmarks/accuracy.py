@@ -256,9 +256,8 @@ def main() -> None:
     results: dict[str, dict[str, PassResult]] = {name: {} for name in families}
     for n, server in enumerate(servers):
         with local_server(args.model, server.argv, server.log, stock=server.stock) as url:
-            stock_options = {"allow_stock_server": True, "max_in_flight": _max_num_seqs(server.argv)}
-            answered = asyncio.run(run(url, families, corpus, server.layouts, **options,
-                                       **(stock_options if server.stock else {})))  # fmt: skip
+            stock = {"allow_stock_server": True, "max_in_flight": _max_num_seqs(server.argv)} if server.stock else {}
+            answered = asyncio.run(run(url, families, corpus, server.layouts, **options, **stock))
         for family, passes in answered.items():
             results[family] |= {server.reported_as(layout): p for layout, p in passes.items()}
         report = save(results, complete=n == len(servers) - 1)
