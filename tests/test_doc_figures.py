@@ -2840,6 +2840,15 @@ def test_layouts_without_the_lead_text_under_the_span_bias_match_their_results()
     full = [r["families"]["synthetic"]["summary"]["full"]["accuracy"] for r in (run, earlier)]
     assert f"Full attention answers {full[0]:.1%} of the synthetic questions here and {full[1]:.1%} there" in section
 
+    def differing(family: str) -> int:
+        """Questions whose full-attention text differs between the two runs (the same questions)."""
+        pairs = list(zip(run["families"][family]["questions"], earlier["families"][family]["questions"], strict=True))
+        assert all(q["question"] == e["question"] and q["passages"] == e["passages"] for q, e in pairs)
+        return sum(q["answers"]["full"]["text"] != e["answers"]["full"]["text"] for q, e in pairs)
+
+    assert (f"its text differs on {differing('single')} of the 1,000 single facts and {differing('synthetic')} "
+            "of the 500 synthetic questions between the two runs") in section
+
 
 def test_table1_with_the_span_bias_matches_its_results() -> None:
     """docs/benchmarks.md's Table 1 with the span bias (H100): the ratio, its distance from the layout's
