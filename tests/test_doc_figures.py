@@ -2877,6 +2877,11 @@ def test_table1_with_the_span_bias_matches_its_results() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert (f"and Table 1 runs at {ratio:.2f}x stock with it ({without:.2f}x without it, another H100 lease)"
             in readme)
+    families = _result(SPAN_BIAS_RUN)["families"]
+    worst = max(-families[f]["summary"][f"{DEFAULT_LAYOUT}@bias"]["vs_full"]["difference"] * 100 for f in FAMILIES)
+    client = " ".join((ROOT / "docs/client.md").read_text().split())
+    assert (f"answers within {worst:.1f} points on every family from a server started with `--span-bias -0.5`, "
+            f"which runs Table 1 at {ratio:.2f}x stock") in client
 
 
 def test_spans_weighed_down_over_six_ranked_passages_match_their_results() -> None:
