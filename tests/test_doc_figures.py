@@ -2869,6 +2869,10 @@ def test_table1_with_the_span_bias_matches_its_results() -> None:
     assert (f"the same {ours['final_cached_fraction']:.1%} of the final prompts' tokens found cached, "
             f"{ours['computed_prompt_tokens_per_s']:,.0f} computed prompt tokens/s against stock's "
             f"{stock['computed_prompt_tokens_per_s']:,.0f}") in text
+    rates = [o["computed_prompt_tokens_per_s"] / s["computed_prompt_tokens_per_s"]
+             for o, s in ((ours, stock), (before, before_stock))]  # fmt: skip
+    assert (f"at {rates[0]:.2f}x stock's computed-token rate, where the layout without it ran at {rates[1]:.2f}x "
+            "at b5ffa0a") in text
     accuracy = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     assert f"runs Table 1 at {ratio:.2f}x stock on an H100 with the default layout" in accuracy
     assert (f"{ratio:.2f}x stock with `-0.5`, where the layout ran {without:.2f}x without it in another lease "
