@@ -83,7 +83,8 @@ class RunningServer:
         self.process.wait()
 
 
-def start(spec: ServerSpec, model_dir: Path, log_dir: Path, port: int | None = None) -> RunningServer:
+def launch(spec: ServerSpec, model_dir: Path, log_dir: Path, port: int | None = None) -> RunningServer:
+    """The server's process, started but not yet ready (`ready`)."""
     model_dir = spec.model_dir or model_dir
     port = port or free_port()
     log_path = log_dir / f"server-{port}-{time.monotonic_ns()}.log"
@@ -95,13 +96,22 @@ def start(spec: ServerSpec, model_dir: Path, log_dir: Path, port: int | None = N
             env=spec.environment(),
             start_new_session=True,  # so stop() can end the engine and worker processes too
         )
-    server = RunningServer(spec, f"http://127.0.0.1:{port}", model_dir, process, log_path)
+    return RunningServer(spec, f"http://127.0.0.1:{port}", model_dir, process, log_path)
+
+
+def ready(server: RunningServer) -> RunningServer:
+    """`server` once it answers; stopped if it never does."""
     try:
-        wait_until_ready(server.url, process, log_path, path="/minipic/info" if spec.pic else "/health")
+        path = "/minipic/info" if server.spec.pic else "/health"
+        wait_until_ready(server.url, server.process, server.log_path, path=path)
     except BaseException:
         server.stop()
         raise
     return server
+
+
+def start(spec: ServerSpec, model_dir: Path, log_dir: Path, port: int | None = None) -> RunningServer:
+    return ready(launch(spec, model_dir, log_dir, port))
 
 
 class ServerPool:
@@ -148,15 +158,17 @@ class ServerPool:
 
     @contextmanager
     def side_by_side(self, specs: list[ServerSpec]) -> Iterator[list[RunningServer]]:
-        """A server of each spec at once, server i bound to core i (the pool's own
-        server is stopped and the lock held meanwhile)."""
+        """A server of each spec at once, server i bound to core i and all started together
+        (the pool's own server is stopped and the lock held meanwhile)."""
         self.stop()
         self._acquire()
         servers: list[RunningServer] = []
         try:
             for core, spec in enumerate(specs):
                 bound = replace(spec, env=(*spec.env, ("VLLM_CPU_OMP_THREADS_BIND", str(core))))
-                servers.append(start(bound, self.model_dir, self.log_dir))
+                servers.append(launch(bound, self.model_dir, self.log_dir))
+            for server in servers:
+                ready(server)
             yield servers
         finally:
             for server in servers:
