@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What `benchmarks/h200.sh` needs on a bare device machine beside vLLM's bundle, in two
+# What `benchmarks/h200.sh` needs on a bare device machine beside vLLM's bundle, in
 # git-ignored folders to name in a device call's `carry`:
 #   .devdata  the Llama-3.1-8B config, the Llama 3 tokenizer and the 2Wiki passages (xz)
 #   .whl      the SDK's dependencies the device image lacks
