@@ -2850,6 +2850,41 @@ def test_layouts_without_the_lead_text_under_the_span_bias_match_their_results()
             "of the 500 synthetic questions between the two runs") in section
 
 
+def test_the_knob_at_ten_passages_matches_its_results() -> None:
+    """docs/accuracy.md's ten-passage knob table: each layout against full attention without and with
+    the span bias, its computed share of single facts and its run's commit, from the run it names."""
+    rows = [  # (the doc's label, run, layout, answered with the bias too)
+        ("`--layout lead-text-repeat-hidden-refreshed4-heads` (default)", NO_LEAD_RUN, DEFAULT_LAYOUT, True),
+        ("`--layout lead-text-repeat-hidden-sink`", SPAN_BIAS_RUN, "lead_text_repeat_hidden_sink", True),
+        ("`--layout refreshed-heads`", NO_LEAD_RUN, "refreshed_heads", True),
+        ("`--layout hidden-sink`", NO_LEAD_RUN, "hidden_sink", True),
+        ("`--layout block`", TEN_DOCS_BLOCK, "block", False),
+    ]
+    doc = (ROOT / "docs/accuracy.md").read_text()
+    runs = {name: _result(name) for name in (NO_LEAD_RUN, SPAN_BIAS_RUN, TEN_DOCS_BLOCK)}
+    questions = [[(q["question"], q["passages"]) for f in FAMILIES for q in r["families"][f]["questions"]]
+                 for r in runs.values()]  # fmt: skip
+    assert questions[0] == questions[1] == questions[2]  # "the same questions in each run"
+
+    def spread(family: str) -> str:
+        low, high = (f(r["families"][family]["summary"]["full"]["accuracy"] for r in runs.values()) for f in (min, max))
+        return f"{low:.1%}" if low == high else f"{low * 100:.1f}-{high:.1%}"
+
+    assert (f"full attention {spread('single')}, {spread('bridge')} and {spread('synthetic')}), each row"
+            in " ".join(doc.split()))
+    for label, name, layout, biased in rows:
+        run = runs[name]
+
+        def listed(key: str, run: dict = run) -> str:
+            return ", ".join(f"{_points(run, key, f):+.1f}" for f in FAMILIES)
+
+        computed = run["families"]["single"]["summary"][layout]["tokens"]["computed_vs_full"]
+        with_bias = listed(f"{layout}@bias") if biased else "not measured"
+        assert run["meta"]["docs_per_prompt"] == 10 and run["meta"]["order"] == "ranked"
+        assert (f"| {label} | {listed(layout)} | {with_bias} | {computed:.2f} | {run['meta']['commit']} |"
+                in doc), label
+
+
 def test_table1_with_the_span_bias_matches_its_results() -> None:
     """docs/benchmarks.md's Table 1 with the span bias (H100): the ratio, its distance from the layout's
     ratio without the bias at b5ffa0a, the cached share and token rates, the cut server and the
