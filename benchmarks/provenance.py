@@ -68,6 +68,12 @@ def commit_code(commit: str, root: Path = ROOT) -> list[tuple[str, bytes]] | Non
         return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers() if m.isfile() and _is_code(m.name)]
 
 
+def record_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Where a result keeps its provenance: ``provenance`` (benchmarks), ``meta`` (the accuracy
+    harnesses) or the top level (`make test-gpu` records)."""
+    return result.get("provenance") or result.get("meta") or result
+
+
 def commit_mismatch(record: Mapping[str, Any], root: Path = ROOT) -> str | None:
     """Why `record`'s commit did not run the code its digest names, or None where it did (or
     where nothing can be checked: no digest, a dirty tree)."""
@@ -136,9 +142,7 @@ def main() -> None:
 
     failed = False
     for path in args.results:
-        data = read_result(path)
-        record = data.get("provenance") or data.get("meta") or data
-        problem = commit_mismatch(record)
+        problem = commit_mismatch(record_of(read_result(path)))
         failed |= problem is not None
         print(f"{path}: {problem or 'ok'}")
     sys.exit(1 if failed else 0)

@@ -1820,11 +1820,21 @@ def _and(figures: Iterable[str]) -> str:
     return f"{first}, {second} and {third}"
 
 
+def _points(run: dict, layout: str, family: str) -> float:
+    """A layout's accuracy against full attention on one family of a run, in points."""
+    return run["families"][family]["summary"][layout]["vs_full"]["difference"] * 100
+
+
 def _losses(name: str, layout: str) -> str:
     """A layout's points lost against full attention on the three families, as the docs list
     them: "9.4, 3.0 and 14.4"."""
-    families = _result(name)["families"]
-    return _and(f"{-families[f]['summary'][layout]['vs_full']['difference'] * 100:.1f}" for f in FAMILIES)
+    run = _result(name)
+    return _and(f"{-_points(run, layout, f):.1f}" for f in FAMILIES)
+
+
+def _signed(run: dict, layout: str) -> str:
+    """The same with signs: "+5.7, -1.3 and -3.2"."""
+    return _and(f"{_points(run, layout, f):+.1f}" for f in FAMILIES)
 
 
 def test_the_knob_at_a_glance_matches_its_results() -> None:
@@ -2615,13 +2625,8 @@ def test_a_hidden_repeat_matches_its_results() -> None:
         return (f"{sg} single facts right only with {ours} and {sl} only with {theirs} (exact McNemar {sp}); bridge "
                 f"{bg} against {bl} ({bp}); synthetic {yg} against {yl} ({yp})")  # fmt: skip
 
-    def signed(run: dict, layout: str) -> str:
-        first, second, third = (f"{run['families'][f]['summary'][layout]['vs_full']['difference'] * 100:+.1f}"
-                                for f in FAMILIES)  # fmt: skip
-        return f"{first}, {second} and {third}"
-
-    assert (f"on every family**: {signed(six, DEFAULT_LAYOUT)} points against full attention, where four heads "
-            f"counting the repeat give {signed(six, FOUR_LAYOUT)} in the same call") in doc  # fmt: skip
+    assert (f"on every family**: {_signed(six, DEFAULT_LAYOUT)} points against full attention, where four heads "
+            f"counting the repeat give {_signed(six, FOUR_LAYOUT)} in the same call") in doc  # fmt: skip
     assert f"Paired: {pairing(six, FOUR_LAYOUT, 'the hidden repeat', 'four heads counting it')}." in doc
     bridge = six["families"]["bridge"]["summary"][DEFAULT_LAYOUT]["vs_full"]
     block_six = _result(DEFAULT_READING)["families"]["bridge"]["summary"]["block"]["vs_full"]["difference"]
@@ -2760,10 +2765,10 @@ def test_the_served_span_bias_over_ten_passages_matches_its_results() -> None:
     biased, sink = f"{DEFAULT_LAYOUT}@bias", "lead_text_repeat_hidden_sink@bias"
 
     def points(layout: str, family: str) -> float:
-        return families[family]["summary"][layout]["vs_full"]["difference"] * 100
+        return _points(run, layout, family)
 
     def signed(layout: str) -> str:
-        return _and(f"{points(layout, f):+.1f}" for f in FAMILIES)
+        return _signed(run, layout)
 
     doc = " ".join((ROOT / "docs/accuracy.md").read_text().split())
     section = doc[doc.index("### Served over ten ranked passages (H100)") : doc.index("## A hidden repeat")]
@@ -2801,10 +2806,6 @@ SPAN_BIAS_TABLE1 = "served-h100-table1-cd7cd47-span-bias.json"
 SPAN_BIAS_ISPS = "minipic ISPS --compact --span-bias -0.5, max-num-seqs 256"  # `served.py`'s pic-256-span-bias row
 
 
-def _points(run: dict, layout: str, family: str) -> float:
-    return run["families"][family]["summary"][layout]["vs_full"]["difference"] * 100
-
-
 def test_layouts_without_the_lead_text_under_the_span_bias_match_their_results() -> None:
     """docs/accuracy.md's served run of refreshed heads and the hidden sink with and without the bias
     over ten ranked passages: their losses, computed shares and single-fact accuracy, the default's
@@ -2817,7 +2818,7 @@ def test_layouts_without_the_lead_text_under_the_span_bias_match_their_results()
     assert f"one H100 call ({run['meta']['elapsed_s'] / 60:.1f} minutes)" in section
 
     def lost(layout: str) -> str:
-        return _and(f"{-_points(run, layout, f):.1f}" for f in FAMILIES)
+        return _losses(NO_LEAD_RUN, layout)
 
     assert (f"refreshed heads lose {lost('refreshed_heads')} points and the hidden sink {lost('hidden_sink')}; "
             f"with the bias {lost('refreshed_heads@bias')} and {lost('hidden_sink@bias')}") in section
@@ -2827,12 +2828,9 @@ def test_layouts_without_the_lead_text_under_the_span_bias_match_their_results()
             f"knob's fast end, and answers {sink['accuracy']:.1%} of them; refreshed heads compute "
             f"{heads['tokens']['computed_vs_full']:.2f}") in section
 
-    def signed(source: dict, layout: str) -> str:
-        return _and(f"{_points(source, layout, f):+.1f}" for f in FAMILIES)
-
     biased = f"{DEFAULT_LAYOUT}@bias"
-    assert (f"{signed(run, DEFAULT_LAYOUT)} points without the bias ({signed(earlier, DEFAULT_LAYOUT)} in the run "
-            f"above), {signed(run, biased)} with it ({signed(earlier, biased)} there)") in section
+    assert (f"{_signed(run, DEFAULT_LAYOUT)} points without the bias ({_signed(earlier, DEFAULT_LAYOUT)} in the run "
+            f"above), {_signed(run, biased)} with it ({_signed(earlier, biased)} there)") in section
     (g1, l1, p1), (g2, l2, p2), (g3, l3, p3) = (
         _pairing((q["answers"] for q in run["families"][f]["questions"]), biased, DEFAULT_LAYOUT) for f in FAMILIES)
     assert (f"{g1} single facts right only with it and {l1} only without ({p1}), bridge {g2} against {l2} ({p2}), "
@@ -2916,8 +2914,7 @@ def test_table1_with_the_span_bias_matches_its_results() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert (f"and Table 1 runs at {ratio:.2f}x stock with it ({without:.2f}x without it, another H100 lease)"
             in readme)
-    families = _result(SPAN_BIAS_RUN)["families"]
-    worst = max(-families[f]["summary"][f"{DEFAULT_LAYOUT}@bias"]["vs_full"]["difference"] * 100 for f in FAMILIES)
+    worst = max(-_points(_result(SPAN_BIAS_RUN), f"{DEFAULT_LAYOUT}@bias", f) for f in FAMILIES)
     client = " ".join((ROOT / "docs/client.md").read_text().split())
     assert (f"answers within {worst:.1f} points on every family from a server started with `--span-bias -0.5`, "
             f"which runs Table 1 at {ratio:.2f}x stock") in client

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from results_io import read_result
 
-from provenance import CODE_DIRS, ROOT, code_digest, commit_mismatch, knobs, provenance, tree_code
+from provenance import CODE_DIRS, ROOT, code_digest, commit_mismatch, knobs, provenance, record_of, tree_code
 
 
 def test_knobs_are_the_minipic_and_vllm_variables_less_the_commit() -> None:
@@ -59,6 +59,4 @@ def test_every_result_with_a_code_digest_names_the_commit_that_ran() -> None:
     """Results recorded since the digest (2026-12-07) whose commit was mistyped fail here, as
     `python benchmarks/provenance.py check` would have told."""
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json*")):
-        data = read_result(path)
-        record = data.get("provenance") or data.get("meta") or data
-        assert commit_mismatch(record) is None, path.name
+        assert commit_mismatch(record_of(read_result(path))) is None, path.name
